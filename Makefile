@@ -1,0 +1,67 @@
+# PagedAttention, hands-on -- the commands. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
+NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
+BOOK_FLAGS := -W -n --keep-going --builder html
+
+.PHONY: help install book test test-lib test-notebooks test-book execute gpu lab clean
+
+help:
+	@echo "make book      build the website into _build/html from the committed outputs"
+	@echo "make test      everything CI runs: library tests, nbval on every notebook, the book build"
+	@echo "make execute   re-execute every notebook in place on this machine"
+	@echo "make gpu       on a CUDA machine: tests, notebooks and benchmarks on the GPU"
+	@echo "make lab       open JupyterLab on the book"
+
+# The virtual environment. torch is installed first and on its own, pinned, so
+# that nothing later can pull a different (CUDA-sized) build on a CPU machine.
+$(STAMP): requirements.txt lib/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$$(grep -E '^torch==' requirements.txt)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+install: $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+	@echo "Open _build/html/index.html in a browser."
+
+test: test-lib test-notebooks test-book
+
+test-lib: $(STAMP)
+	$(PY) -m pytest lib/tests -q -p no:cacheprovider
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS)
+
+test-book: $(STAMP)
+	$(PY) -m pagedkv._notebooks check-toc
+	rm -rf _build/html _build/.doctrees
+	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+
+execute: $(STAMP)
+	$(PY) -m pagedkv._notebooks execute $(NOTEBOOKS)
+
+# On a GPU instance: install the CUDA build of torch==2.13.0 into .venv first
+# (see book/setup.md). nbval then re-executes every notebook with compiled
+# kernels and compares it with the committed CPU outputs.
+gpu: $(STAMP)
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu needs a CUDA GPU')"
+	mkdir -p _build/gpu
+	$(PY) -c "import pagedkv; print(pagedkv.device_summary())" | tee _build/gpu/report.txt
+	$(PY) -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee -a _build/gpu/report.txt
+	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS) 2>&1 | tee -a _build/gpu/report.txt
+	$(PY) -m pagedkv.bench all 2>&1 | tee -a _build/gpu/report.txt
+	@echo "GPU report written to _build/gpu/report.txt"
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab
+
+clean:
+	rm -rf _build

@@ -1,0 +1,39 @@
+"""pagedkv: KV-cache memory management, as vLLM and SGLang do it, small enough to read.
+
+Import order matters for one reason: ``_device`` fixes the Triton mode
+(compiled on CUDA, interpreted elsewhere) before any kernel module is imported.
+Submodules load lazily, so ``import pagedkv`` stays cheap and
+``pagedkv.budget`` works without a separate import.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._device import default_device, device_summary, on_gpu  # noqa: F401  (must be first)
+
+__version__ = "0.1.0"
+
+_SUBMODULES = {
+    "budget",
+    "fragmentation",
+    "hashing",
+    "block_pool",
+    "kv_cache_manager",
+    "block_table",
+    "token_pool",
+    "scheduler_sim",
+    "kernels",
+    "widgets",
+    "checks",
+    "calculator",
+}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+
+
+__all__ = ["default_device", "device_summary", "on_gpu", *sorted(_SUBMODULES)]

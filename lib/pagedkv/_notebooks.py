@@ -1,0 +1,181 @@
+"""Execute, normalise and audit the book's notebooks.
+
+    python -m pagedkv._notebooks execute NB...   execute in place (what `make execute` runs)
+    python -m pagedkv._notebooks check-toc       every notebook is listed in _toc.yml
+    python -m pagedkv._notebooks run-plain NB... execute code cells without Jupyter and compare
+                                                 printed text with the committed outputs
+
+Conventions the tools enforce (authors: build cells with nbformat, then run ``execute``):
+
+* Outputs are committed and must be identical on any machine except in cells
+  tagged ``nbval-ignore-output`` (device, clock, live views).
+* After execution each cell gets a stable id, timing metadata is dropped and the
+  live-widget part of an output (``application/vnd.jupyter.widget-view+json``,
+  whose model id is random and whose model is gone once the kernel stops) is
+  removed, so the committed output keeps its static ``text/html`` rendering.
+  Re-running the cell in JupyterLab shows the live widget again.
+* Cells that are meant to raise carry the tag ``raises-exception``.
+
+``run-plain`` exists for machines that have torch and Triton but no Jupyter (a
+bare GPU instance): it runs each notebook's code cells in one namespace, feeds
+``display()`` and the last expression through plain ``repr``, and compares the
+``stream`` text of every un-ignored cell with the committed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+NOTEBOOK_DIRS = ("chapters", "exercises", "solutions")
+
+
+def _repo_root() -> Path:
+    """The book's root: the nearest parent holding _toc.yml (the library lives in lib/)."""
+    for parent in [Path.cwd(), *Path.cwd().parents]:
+        if (parent / "_toc.yml").exists():
+            return parent
+    raise SystemExit("no _toc.yml found in this directory or its parents: run from the book's root")
+
+
+def normalise(nb) -> None:
+    """Make a freshly executed notebook stable under re-execution (see module docstring)."""
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"c{i:03d}"
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data and WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+                if "text/plain" in data and "text/html" in data:
+                    # The widget's plain repr names an object, not a result.
+                    data["text/plain"] = "[live view: run this cell in JupyterLab]"
+    nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+
+
+def execute(paths: list[str], timeout: int = 900) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    for path in map(Path, paths):
+        nb = nbformat.read(path, as_version=4)
+        print(f"executing {path} ...", flush=True)
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+            record_timing=False,
+            store_widget_state=False,
+        )
+        client.execute()
+        normalise(nb)
+        nbformat.write(nb, path)
+
+
+def check_toc() -> int:
+    """Fail when a notebook in chapters/, exercises/ or solutions/ is missing from _toc.yml."""
+    root = _repo_root()
+    toc = (root / "_toc.yml").read_text()
+    listed = set(re.findall(r"file:\s*([\w./-]+)", toc))
+    missing = []
+    for d in NOTEBOOK_DIRS:
+        for nb in sorted((root / d).glob("*.ipynb")):
+            stem = f"{d}/{nb.stem}"
+            if stem not in listed and f"{stem}.ipynb" not in listed:
+                missing.append(f"{d}/{nb.name}")
+    if missing:
+        print("notebooks missing from _toc.yml: " + ", ".join(missing), file=sys.stderr)
+        return 1
+    print(f"_toc.yml lists every notebook in {', '.join(NOTEBOOK_DIRS)}")
+    return 0
+
+
+@contextlib.contextmanager
+def _chdir(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _run_cell(source: str, ns: dict) -> None:
+    """Exec a cell like IPython would: the value of a trailing expression is displayed."""
+    source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    tree = ast.parse(source)
+    last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    if last is not None:
+        tree.body.pop()
+    exec(compile(tree, "<cell>", "exec"), ns)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), ns)
+        if value is not None:
+            print(repr(value))
+
+
+def run_plain(paths: list[str]) -> int:
+    import json
+
+    failures = 0
+    for path in map(Path, paths):
+        nb = json.loads(path.read_text())
+        ns: dict = {"__name__": "__main__", "display": lambda *a, **k: None}
+        with _chdir(path.parent):
+            for i, cell in enumerate(nb["cells"]):
+                if cell["cell_type"] != "code":
+                    continue
+                tags = cell.get("metadata", {}).get("tags", [])
+                src = "".join(cell["source"])
+                buf = io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(buf):
+                        _run_cell(src, ns)
+                except Exception as exc:  # noqa: BLE001
+                    if "raises-exception" not in tags:
+                        print(f"FAIL {path} cell {i}: raised {type(exc).__name__}: {exc}")
+                        failures += 1
+                        break
+                if "nbval-ignore-output" in tags:
+                    continue
+                want = "".join(
+                    "".join(o.get("text", "")) for o in cell.get("outputs", []) if o["output_type"] == "stream"
+                    and o.get("name") == "stdout"
+                )
+                got = buf.getvalue()
+                if want and want.strip() not in got:
+                    print(f"FAIL {path} cell {i}: printed text differs from the committed output")
+                    failures += 1
+        print(f"{'ok  ' if not failures else '    '}{path}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pagedkv._notebooks")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("execute")
+    ex.add_argument("paths", nargs="+")
+    sub.add_parser("check-toc")
+    rp = sub.add_parser("run-plain")
+    rp.add_argument("paths", nargs="+")
+    args = parser.parse_args(argv)
+    if args.cmd == "execute":
+        execute(args.paths)
+        return 0
+    if args.cmd == "check-toc":
+        return check_toc()
+    return run_plain(args.paths)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,345 @@
+"""The memory budget: how many bytes a token of KV costs, and how many blocks a GPU holds.
+
+Everything here is arithmetic on published specs, done the way vLLM does it at
+startup (``determine_available_memory`` then ``get_num_blocks``):
+
+1. The engine may use ``total_memory * gpu_memory_utilization`` bytes.
+2. From that it subtracts the model weights and a measured non-KV allowance
+   (activation peak, CUDA-graph pools, workspace). What is left is the KV pool.
+3. A block's page is ``block_size`` tokens of K and V for ONE layer; the pool is
+   divided by the page size, then by the layer count -- two floor divisions --
+   because every layer gets its own tensor with the same number of blocks.
+
+Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+# Bytes per element of the KV cache for each cache dtype vLLM accepts.
+DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4,
+    "float32": 4,
+    "fp16": 2,
+    "float16": 2,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts about a model that KV sizing needs (from each model's config.json)."""
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_params: int
+    native_context: int
+    extended_context: int  # with the model's published RoPE scaling; equal to native if none
+
+    @property
+    def attention(self) -> str:
+        if self.num_kv_heads == self.num_attention_heads:
+            return "MHA"
+        return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """A GPU as the engine sees it: total memory as nvidia-smi reports it, and peak bandwidth."""
+
+    name: str
+    total_mib: int
+    peak_bandwidth_gbs: float  # HBM/GDDR bandwidth from the datasheet, GB/s (10**9)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total_mib * MiB
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        ModelSpec("Llama-3-8B", 32, 32, 8, 128, 8_030_261_248, 8_192, 8_192),
+        ModelSpec("Llama-3.1-8B", 32, 32, 8, 128, 8_030_261_248, 131_072, 131_072),
+        ModelSpec("Llama-3-70B", 80, 64, 8, 128, 70_553_706_496, 8_192, 8_192),
+        ModelSpec("Mistral-7B", 32, 32, 8, 128, 7_241_732_096, 32_768, 32_768),
+        ModelSpec("Qwen2.5-7B", 28, 28, 4, 128, 7_615_616_512, 32_768, 131_072),
+        # The contrast: multi-head attention keeps one KV head per query head.
+        ModelSpec("Llama-2-7B", 32, 32, 32, 128, 6_738_415_616, 4_096, 4_096),
+    ]
+}
+
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in [
+        GPUSpec("H100 SXM 80GB", 81_559, 3_350.0),
+        GPUSpec("H200", 143_771, 4_800.0),
+        GPUSpec("A100 SXM 80GB", 81_920, 2_039.0),
+        GPUSpec("L4", 23_034, 300.0),
+        GPUSpec("RTX 4090", 24_564, 1_008.0),
+    ]
+}
+
+
+def _lookup(table: dict, key, kind: str):
+    if isinstance(key, (ModelSpec, GPUSpec)):
+        return key
+    try:
+        return table[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {kind} {key!r}; known: {', '.join(table)}") from None
+
+
+def model_spec(model: str | ModelSpec) -> ModelSpec:
+    """A preset by name (``"Llama-3-8B"``), or a ``ModelSpec`` passed through."""
+    return _lookup(MODELS, model, "model")
+
+
+def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
+    """A preset by name (``"H100 SXM 80GB"``), or a ``GPUSpec`` passed through."""
+    return _lookup(GPUS, gpu, "GPU")
+
+
+def dtype_bytes(dtype: str | torch.dtype) -> int:
+    """Bytes per element for a cache dtype name (``"bf16"``, ``"fp8"``...) or a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).element_size()
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _non_negative(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a non-negative number, got {value!r}")
+    return value
+
+
+def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> int:
+    """KV heads each tensor-parallel rank stores.
+
+    Heads are split across ranks. With more ranks than KV heads, vLLM replicates
+    them: each rank still keeps one full KV head, so per-rank KV stops shrinking.
+    """
+    m = model_spec(model)
+    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    if tp <= m.num_kv_heads:
+        if m.num_kv_heads % tp:
+            raise ValueError(f"{m.num_kv_heads} KV heads of {m.name} do not split evenly across tensor_parallel_size={tp}")
+        return m.num_kv_heads // tp
+    if tp % m.num_kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} is not a multiple of {m.name}'s {m.num_kv_heads} KV heads")
+    return 1
+
+
+def kv_bytes_per_token(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
+    """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes (per rank)."""
+    m = model_spec(model)
+    return 2 * m.num_layers * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
+
+
+def weight_bytes(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
+    """Parameter bytes per rank (weights split evenly across tensor-parallel ranks)."""
+    m = model_spec(model)
+    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    return m.num_params * dtype_bytes(dtype) // tp
+
+
+def kv_pool_bytes(total_bytes: float, gpu_memory_utilization: float, weight_bytes: float, non_kv_bytes: float) -> float:
+    """The KV pool as vLLM sizes it: total * utilization - weights - non-KV allowance."""
+    _non_negative(total_bytes, "total_bytes")
+    _non_negative(weight_bytes, "weight_bytes")
+    _non_negative(non_kv_bytes, "non_kv_bytes")
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
+            or not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    pool = total_bytes * gpu_memory_utilization - weight_bytes - non_kv_bytes
+    if pool <= 0:
+        raise ValueError(
+            f"no memory left for the KV cache: {total_bytes / GiB:.2f} GiB x {gpu_memory_utilization} "
+            f"- {weight_bytes / GiB:.2f} GiB weights - {non_kv_bytes / GiB:.2f} GiB non-KV = {pool / GiB:.2f} GiB"
+        )
+    return pool
+
+
+def page_bytes_per_layer(model: str | ModelSpec, block_size: int = 16, dtype: str | torch.dtype = "bf16",
+                         tensor_parallel_size: int = 1) -> int:
+    """One block's K and V in ONE layer: block_size * 2 * kv_heads * head_dim * bytes."""
+    m = model_spec(model)
+    _positive_int(block_size, "block_size")
+    return block_size * 2 * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
+
+
+def block_bytes(model: str | ModelSpec, block_size: int = 16, dtype: str | torch.dtype = "bf16",
+                tensor_parallel_size: int = 1) -> int:
+    """One block across all layers (what one block id really costs)."""
+    return page_bytes_per_layer(model, block_size, dtype, tensor_parallel_size) * model_spec(model).num_layers
+
+
+def num_gpu_blocks(pool_bytes: float, model: str | ModelSpec, block_size: int = 16,
+                   dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
+    """Blocks as vLLM computes them: pool // page_bytes_per_layer // num_layers (two floors)."""
+    _non_negative(pool_bytes, "pool_bytes")
+    page = page_bytes_per_layer(model, block_size, dtype, tensor_parallel_size)
+    return int(pool_bytes // page // model_spec(model).num_layers)
+
+
+def token_slots(num_blocks: int, block_size: int) -> int:
+    """Tokens the pool can hold when every block is full."""
+    _non_negative(num_blocks, "num_blocks")
+    return num_blocks * _positive_int(block_size, "block_size")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative integers."""
+    return -(-a // b)
+
+
+def contiguous_reservations(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
+                            dtype: str | torch.dtype = "bf16") -> int:
+    """How many max-length contiguous reservations fit: each reserves max_model_len tokens of KV."""
+    _non_negative(pool_bytes, "pool_bytes")
+    reservation = _positive_int(max_model_len, "max_model_len") * kv_bytes_per_token(model, dtype)
+    return int(pool_bytes // reservation)
+
+
+def blocks_per_request(request_len: int, block_size: int) -> int:
+    """Blocks a request of ``request_len`` tokens holds under paging: ceil(len / block_size)."""
+    return cdiv(_positive_int(request_len, "request_len"), _positive_int(block_size, "block_size"))
+
+
+def paged_ceiling(num_blocks: int, request_len: int, block_size: int) -> int:
+    """Concurrent requests of ``request_len`` tokens a paged pool of ``num_blocks`` can hold."""
+    _non_negative(num_blocks, "num_blocks")
+    return num_blocks // blocks_per_request(request_len, block_size)
+
+
+def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
+                                 block_size: int = 16, dtype: str | torch.dtype = "bf16") -> None:
+    """The startup check: refuse a pool that cannot hold ONE request of ``max_model_len`` tokens.
+
+    Like vLLM's, the error states the GiB needed, the GiB available, the largest
+    ``max_model_len`` that would fit, and the two knobs that fix it. Paging
+    removes over-reservation at run time, but the engine still promises that
+    its longest allowed request can run alone.
+    """
+    _positive_int(max_model_len, "max_model_len")
+    per_block = block_bytes(model, block_size, dtype)
+    needed = blocks_per_request(max_model_len, block_size) * per_block
+    if needed <= pool_bytes:
+        return
+    fits = int(pool_bytes // per_block) * block_size
+    raise ValueError(
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"{needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
+        f"memory ({pool_bytes / GiB:.2f} GiB). Based on the available memory, the estimated maximum "
+        f"model length is {fits}. Try increasing `gpu_memory_utilization` or decreasing "
+        f"`max_model_len` when initializing the engine."
+    )
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """One configuration's numbers, as the chapter's calculator shows them."""
+
+    gpu: str
+    model: str
+    dtype: str
+    total_bytes: int
+    weight_bytes: float
+    non_kv_bytes: float
+    gpu_memory_utilization: float
+    pool_bytes: float
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    token_slots: int
+    max_model_len: int
+    contiguous_reservations: int
+    request_len: int
+    blocks_per_request: int
+    paged_ceiling: int
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Memory the engine leaves alone: total * (1 - utilization)."""
+        return self.total_bytes * (1 - self.gpu_memory_utilization)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The plan as (label, value) rows, rounded for display."""
+        return [
+            ("GPU memory", f"{self.total_bytes / GiB:.2f} GiB"),
+            ("KV bytes per token", f"{self.bytes_per_token / KiB:,.0f} KiB"),
+            ("weights", f"{self.weight_bytes / GiB:.2f} GiB"),
+            ("non-KV allowance", f"{self.non_kv_bytes / GiB:.2f} GiB"),
+            ("KV pool", f"{self.pool_bytes / GiB:.2f} GiB"),
+            (f"blocks of {self.block_size}", f"{self.num_blocks:,}"),
+            ("token slots", f"{self.token_slots:,}"),
+            (f"contiguous reservations of {self.max_model_len:,}", f"{self.contiguous_reservations:,}"),
+            (f"paged ceiling at {self.request_len:,} tokens", f"{self.paged_ceiling:,}"),
+        ]
+
+
+def plan(gpu: str | GPUSpec = "H100 SXM 80GB", model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
+         gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0, max_model_len: int = 32_768,
+         block_size: int = 16, request_len: int = 612, weight_gib: float | None = None,
+         weight_dtype: str = "bf16") -> BudgetPlan:
+    """Size a pool end to end. ``weight_gib`` overrides the weights computed from the parameter count."""
+    g, m = gpu_spec(gpu), model_spec(model)
+    w = weight_bytes(m, weight_dtype) if weight_gib is None else _non_negative(weight_gib, "weight_gib") * GiB
+    non_kv = _non_negative(non_kv_gib, "non_kv_gib") * GiB
+    pool = kv_pool_bytes(g.total_bytes, gpu_memory_utilization, w, non_kv)
+    blocks = num_gpu_blocks(pool, m, block_size, dtype)
+    return BudgetPlan(
+        gpu=g.name, model=m.name, dtype=str(dtype), total_bytes=g.total_bytes, weight_bytes=w,
+        non_kv_bytes=non_kv, gpu_memory_utilization=gpu_memory_utilization, pool_bytes=pool,
+        bytes_per_token=kv_bytes_per_token(m, dtype), block_size=block_size, num_blocks=blocks,
+        token_slots=token_slots(blocks, block_size), max_model_len=max_model_len,
+        contiguous_reservations=contiguous_reservations(pool, m, max_model_len, dtype),
+        request_len=request_len, blocks_per_request=blocks_per_request(request_len, block_size),
+        paged_ceiling=paged_ceiling(blocks, request_len, block_size),
+    )
+
+
+def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
+                          gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
+                          block_size: int = 16, device: int = 0) -> dict:
+    """Size a pool from THIS GPU's real memory (``torch.cuda.mem_get_info``).
+
+    As in vLLM, memory already taken by other processes counts against the
+    utilization budget, so a busy GPU gets a smaller pool than its spec sheet says.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("pool_from_free_memory needs a CUDA GPU; this machine has none")
+    free, total = torch.cuda.mem_get_info(device)
+    used_elsewhere = total - free
+    w = weight_bytes(model, dtype)
+    pool = kv_pool_bytes(total, gpu_memory_utilization, w + used_elsewhere, _non_negative(non_kv_gib, "non_kv_gib") * GiB)
+    blocks = num_gpu_blocks(pool, model, block_size, dtype)
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "total_gib": total / GiB,
+        "free_gib": free / GiB,
+        "pool_gib": pool / GiB,
+        "num_blocks": blocks,
+        "token_slots": token_slots(blocks, block_size),
+    }

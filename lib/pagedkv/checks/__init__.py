@@ -1,0 +1,9 @@
+"""Exercise checkers: ``pagedkv.checks.check_<name>(your_function)``.
+
+Each prints one line per property (a green tick or a red cross with a hint)
+and returns a ``CheckReport`` that is truthy when every property holds. One
+module per chapter; this package re-exports their ``check_*`` functions.
+"""
+
+from ._harness import CheckReport, Checker, PropertyResult  # noqa: F401
+from .ch01_memory_budget import *  # noqa: F401,F403

@@ -1,0 +1,157 @@
+"""The memory budget: known answers from the book's reference setup, and bad input."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from pagedkv import budget as b
+from pagedkv.budget import GiB, KiB, MiB
+
+H100_POOL = 81_559 * MiB * 0.92 - 14.96 * GiB - 6.0 * GiB  # the reference budget
+
+
+def test_kv_bytes_per_token_llama3_8b_is_128_kib():
+    assert b.kv_bytes_per_token("Llama-3-8B") == 2 * 32 * 8 * 128 * 2 == 128 * KiB
+
+
+@pytest.mark.parametrize("dtype,expected", [("fp32", 256 * KiB), ("fp16", 128 * KiB), ("bf16", 128 * KiB),
+                                            ("fp8", 64 * KiB), (torch.float8_e4m3fn, 64 * KiB),
+                                            (torch.bfloat16, 128 * KiB)])
+def test_kv_bytes_per_token_scales_with_dtype(dtype, expected):
+    assert b.kv_bytes_per_token("Llama-3-8B", dtype) == expected
+
+
+def test_mha_model_costs_four_times_its_gqa_sibling():
+    # Llama-2-7B keeps 32 KV heads; Llama-3-8B shares 8 among 32 query heads.
+    assert b.kv_bytes_per_token("Llama-2-7B") == 4 * b.kv_bytes_per_token("Llama-3-8B")
+    assert b.model_spec("Llama-2-7B").attention == "MHA"
+    assert b.model_spec("Llama-3-8B").attention == "GQA"
+
+
+def test_every_preset_is_consistent():
+    for m in b.MODELS.values():
+        assert m.num_attention_heads % m.num_kv_heads == 0
+        assert m.extended_context >= m.native_context
+        assert b.kv_bytes_per_token(m) == 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2
+    assert b.gpu_spec("H100 SXM 80GB").total_mib == 81_559
+    assert b.gpu_spec("H200").total_mib == 143_771
+    assert {"A100 SXM 80GB", "L4", "RTX 4090"} <= set(b.GPUS)
+
+
+def test_reference_pool_blocks_and_slots():
+    pool = b.kv_pool_bytes(81_559 * MiB, 0.92, 14.96 * GiB, 6.0 * GiB)
+    assert round(pool / GiB, 4) == 52.3157
+    assert b.num_gpu_blocks(pool, "Llama-3-8B", 16) == 26_785
+    assert b.token_slots(26_785, 16) == 428_560
+
+
+def test_rounded_total_gives_one_more_block():
+    # 79.65 GiB is 81,561.6 MiB, 2.6 MiB more than the card reports: enough to cross a block.
+    pool = b.kv_pool_bytes(79.65 * GiB, 0.92, 14.96 * GiB, 6.0 * GiB)
+    assert b.num_gpu_blocks(pool, "Llama-3-8B", 16) == 26_786
+
+
+def test_block_count_is_two_floor_divisions():
+    page = b.page_bytes_per_layer("Llama-3-8B", 16)
+    assert page == 64 * KiB and b.block_bytes("Llama-3-8B", 16) == 2 * MiB
+    # A pool one byte short of 10 whole blocks in every layer holds 9.
+    assert b.num_gpu_blocks(10 * 2 * MiB - 1, "Llama-3-8B") == 9
+    assert b.num_gpu_blocks(10 * 2 * MiB, "Llama-3-8B") == 10
+
+
+def test_contiguous_reservations_and_paged_ceiling():
+    assert 32_768 * b.kv_bytes_per_token("Llama-3-8B") == 4 * GiB
+    assert b.contiguous_reservations(H100_POOL, "Llama-3-8B", 32_768) == 13
+    assert b.blocks_per_request(612, 16) == 39
+    assert b.paged_ceiling(26_785, 612, 16) == 686
+    assert b.blocks_per_request(4_097, 16) == 257
+
+
+def test_plan_matches_the_pieces():
+    p = b.plan(weight_gib=14.96)
+    assert (p.num_blocks, p.token_slots, p.contiguous_reservations, p.paged_ceiling) == (26_785, 428_560, 13, 686)
+    assert math.isclose(p.headroom_bytes, 81_559 * MiB * 0.08)
+    assert dict(p.rows())["KV pool"] == "52.32 GiB"
+    # Without the override, weights come from the parameter count (14.958 GiB).
+    assert round(b.weight_bytes("Llama-3-8B") / GiB, 2) == 14.96
+
+
+def test_tensor_parallel_splits_then_replicates_kv_heads():
+    assert b.kv_heads_per_rank("Llama-3-70B", 1) == 8
+    assert b.kv_heads_per_rank("Llama-3-70B", 4) == 2
+    assert b.kv_heads_per_rank("Llama-3-70B", 8) == 1
+    assert b.kv_heads_per_rank("Llama-3-70B", 16) == 1  # replicated: per-rank KV stops shrinking
+    assert b.kv_bytes_per_token("Llama-3-70B", "bf16", 4) == b.kv_bytes_per_token("Llama-3-70B") // 4
+    assert b.weight_bytes("Llama-3-70B", "bf16", 4) == b.weight_bytes("Llama-3-70B") // 4
+    with pytest.raises(ValueError, match="tensor_parallel_size=3"):
+        b.kv_heads_per_rank("Llama-3-70B", 3)
+    with pytest.raises(ValueError, match="tensor_parallel_size=12"):
+        b.kv_heads_per_rank("Llama-3-70B", 12)
+
+
+@given(util=st.floats(0.05, 1.0), nonkv=st.floats(0, 10), bs=st.sampled_from([1, 8, 16, 32, 128]))
+def test_blocks_never_exceed_the_pool(util, nonkv, bs):
+    total = 81_559 * MiB
+    try:
+        pool = b.kv_pool_bytes(total, util, 14.96 * GiB, nonkv * GiB)
+    except ValueError:
+        assert total * util <= (14.96 + nonkv) * GiB
+        return
+    n = b.num_gpu_blocks(pool, "Llama-3-8B", bs)
+    assert n * b.block_bytes("Llama-3-8B", bs) <= pool < (n + 1) * b.block_bytes("Llama-3-8B", bs)
+
+
+def test_startup_check_passes_when_one_request_fits():
+    b.check_enough_kv_cache_memory(H100_POOL, "Llama-3.1-8B", 32_768)
+
+
+def test_startup_check_message_names_both_sizes_the_fit_and_the_knobs():
+    pool = 2_048 * b.block_bytes("Llama-3.1-8B", 16)  # --num-gpu-blocks-override 2048
+    with pytest.raises(ValueError) as info:
+        b.check_enough_kv_cache_memory(pool, "Llama-3.1-8B", 131_072)
+    msg = str(info.value)
+    assert "(131072)" in msg and "16.00 GiB KV cache is needed" in msg
+    assert "available KV cache memory (4.00 GiB)" in msg
+    assert "maximum model length is 32768" in msg
+    assert "`gpu_memory_utilization`" in msg and "`max_model_len`" in msg
+
+
+@pytest.mark.parametrize("util", [0, -0.1, 1.01, float("nan"), True, "0.9"])
+def test_utilization_outside_unit_interval_is_refused(util):
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        b.kv_pool_bytes(80 * GiB, util, 0, 0)
+
+
+def test_pool_with_nothing_left_names_the_arithmetic():
+    with pytest.raises(ValueError, match="no memory left for the KV cache"):
+        b.kv_pool_bytes(16 * GiB, 0.9, 14.96 * GiB, 6 * GiB)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: b.kv_pool_bytes(-1, 0.9, 0, 0), "total_bytes must be a non-negative number, got -1"),
+    (lambda: b.kv_pool_bytes(80 * GiB, 0.9, -5, 0), "weight_bytes must be a non-negative number, got -5"),
+    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 0), "block_size must be a positive integer, got 0"),
+    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 16.0), "block_size must be a positive integer, got 16.0"),
+    (lambda: b.token_slots(10, -4), "block_size must be a positive integer, got -4"),
+    (lambda: b.paged_ceiling(100, 0, 16), "request_len must be a positive integer, got 0"),
+    (lambda: b.contiguous_reservations(1 * GiB, "Llama-3-8B", -1), "max_model_len must be a positive integer, got -1"),
+    (lambda: b.kv_bytes_per_token("Llama-4-9000B"), "unknown model 'Llama-4-9000B'"),
+    (lambda: b.plan(gpu="H900"), "unknown GPU 'H900'"),
+    (lambda: b.kv_bytes_per_token("Llama-3-8B", "int3"), "unknown KV cache dtype 'int3'"),
+    (lambda: b.plan(non_kv_gib=-1), "non_kv_gib must be a non-negative number, got -1"),
+])
+def test_bad_input_is_named(call, needle):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert needle in str(info.value)
+
+
+def test_free_memory_sizing_needs_a_gpu_or_measures_one():
+    if torch.cuda.is_available():
+        r = b.pool_from_free_memory(gpu_memory_utilization=0.5, non_kv_gib=0.5)
+        assert 0 < r["pool_gib"] < r["total_gib"] and r["num_blocks"] > 0
+    else:
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            b.pool_from_free_memory()

@@ -1,0 +1,90 @@
+"""The chapter 1 checkers: right answers pass, each kind of wrong answer fails the right property."""
+
+import time
+
+from pagedkv import checks
+from pagedkv.checks._harness import Checker
+
+
+def kv_ok(layers, kv_heads, head_dim, dtype_bytes):
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def blocks_ok(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
+    pool = total_mib * 2**20 * util - (weight_gib + non_kv_gib) * 2**30
+    page = block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes
+    return int(pool // page) // model.num_layers
+
+
+def verdicts(report):
+    return [r.passed for r in report.results]
+
+
+def test_correct_solutions_pass_every_property(capsys):
+    assert checks.check_kv_bytes_per_token(kv_ok)
+    assert checks.check_kv_pool_blocks(blocks_ok)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 7
+
+
+def test_forgetting_v_fails_every_kv_property():
+    report = checks.check_kv_bytes_per_token(lambda l, h, d, b: l * h * d * b)
+    assert verdicts(report) == [False, False, False]
+    assert "expected 131072, got 65536" in report.results[0].detail
+
+
+def test_a_hard_coded_answer_passes_the_known_case_only():
+    # A learner who hard-codes Llama's answer passes the known answer but not the rest.
+    report = checks.check_kv_bytes_per_token(lambda *a: 131_072)
+    assert verdicts(report) == [True, False, False]
+
+
+def test_rounding_the_total_fails_the_rounding_property():
+    def rounds_total(total_mib, *rest):
+        return blocks_ok(round(total_mib / 1024, 2) * 1024, *rest)
+
+    report = checks.check_kv_pool_blocks(rounds_total)
+    assert report.results[0].passed is False  # 81,559 MiB rounded to 79.65 GiB gives 26,786
+    assert "expected 26785, got 26786" in report.results[0].detail
+
+
+def test_one_floor_division_instead_of_two_is_caught():
+    def one_floor(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
+        pool = total_mib * 2**20 * util - (weight_gib + non_kv_gib) * 2**30
+        return int(pool // (block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes * model.num_layers))
+
+    # Mathematically floor(floor(x/a)/b) == floor(x/(ab)) for positive integers a, b, so this is
+    # in fact correct: the checker must not fail it.
+    assert checks.check_kv_pool_blocks(one_floor)
+
+
+def test_crashes_and_wrong_types_become_red_lines_not_exceptions():
+    def crashes(*args):
+        return [][1]
+
+    report = checks.check_kv_pool_blocks(crashes)
+    assert not report and all("raised IndexError" in r.detail for r in report.results)
+    report = checks.check_kv_bytes_per_token(lambda *a: "131072")
+    assert not report and "expected an integer, got str" in report.results[0].detail
+    report = checks.check_kv_bytes_per_token(lambda *a: True)
+    assert not report
+
+
+def test_stub_says_not_implemented():
+    def stub(*args):
+        raise NotImplementedError
+
+    report = checks.check_kv_bytes_per_token(stub)
+    assert all("not implemented yet" in r.detail for r in report.results)
+
+
+def test_a_hang_becomes_a_timeout_line():
+    def hangs():
+        while True:
+            time.sleep(0.01)
+
+    with Checker("hang", timeout=0.2, verbose=False) as c:
+        c.prop("never returns", hangs)
+        c.prop("fine", lambda: None)
+    assert [r.passed for r in c.report.results] == [False, True]
+    assert "no answer within 0.2 s" in c.report.results[0].detail
