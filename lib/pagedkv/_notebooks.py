@@ -15,6 +15,10 @@ Conventions the tools enforce (authors: build cells with nbformat, then run ``ex
   removed, so the committed output keeps its static ``text/html`` rendering.
   Re-running the cell in JupyterLab shows the live widget again.
 * Cells that are meant to raise carry the tag ``raises-exception``.
+* Never rely on a trailing ``;`` to hide a cell's value: nbval executes cells
+  without storing history, so IPython checks the wrong cell for the ``;`` and
+  the value appears anyway. Assign it, or give the object an
+  ``_ipython_display_`` that shows nothing (``CheckReport`` does).
 
 ``run-plain`` exists for machines that have torch and Triton but no Jupyter (a
 bare GPU instance): it runs each notebook's code cells in one namespace, feeds

@@ -55,6 +55,16 @@ class CheckReport:
     def __str__(self) -> str:
         return "\n".join([*(r.line() for r in self.results), self.summary()])
 
+    def __repr__(self) -> str:
+        return f"<CheckReport {self.summary()}>"
+
+    def _ipython_display_(self) -> None:
+        """Show nothing more in a notebook: the checker already printed one line per property.
+
+        (A trailing ``;`` is not a reliable way to hide the value: nbval runs cells
+        without storing history, and IPython then reads the wrong cell's ``;``.)
+        """
+
 
 @contextmanager
 def _time_limit(seconds: float):
