@@ -131,8 +131,9 @@ def _run_cell(source: str, ns: dict) -> None:
 def run_plain(paths: list[str]) -> int:
     import json
 
-    failures = 0
+    total_failures = 0
     for path in map(Path, paths):
+        failures = 0
         nb = json.loads(path.read_text())
         ns: dict = {"__name__": "__main__", "display": lambda *a, **k: None}
         with _chdir(path.parent):
@@ -160,8 +161,9 @@ def run_plain(paths: list[str]) -> int:
                 if want and want.strip() not in got:
                     print(f"FAIL {path} cell {i}: printed text differs from the committed output")
                     failures += 1
-        print(f"{'ok  ' if not failures else '    '}{path}")
-    return 1 if failures else 0
+        print(f"{'ok  ' if not failures else 'FAIL'} {path}")
+        total_failures += failures
+    return 1 if total_failures else 0
 
 
 def main(argv: list[str]) -> int:

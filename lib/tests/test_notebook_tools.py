@@ -1,0 +1,55 @@
+"""The notebook tools: normalisation keeps outputs stable, the toc audit catches a missing notebook."""
+
+import nbformat
+
+from pagedkv import _notebooks
+
+
+def _nb_with_widget_output():
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("view")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "VBox(children=...)",
+        "text/html": "<svg>static</svg>",
+        _notebooks.WIDGET_VIEW: {"model_id": "3f2a", "version_major": 2, "version_minor": 0},
+    })]
+    cell.metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell]
+    nb.metadata["widgets"] = {"state": {}}
+    return nb
+
+
+def test_normalise_drops_live_widget_parts_and_timings_and_numbers_cells():
+    nb = _nb_with_widget_output()
+    _notebooks.normalise(nb)
+    data = nb.cells[1].outputs[0]["data"]
+    assert _notebooks.WIDGET_VIEW not in data and data["text/html"] == "<svg>static</svg>"
+    assert "execution" not in nb.cells[1].metadata and "widgets" not in nb.metadata
+    assert [c["id"] for c in nb.cells] == ["c000", "c001"]
+    nbformat.validate(nb)
+
+
+def test_check_toc_reports_a_notebook_missing_from_the_toc(tmp_path, monkeypatch, capsys):
+    (tmp_path / "_toc.yml").write_text("root: book/intro\nchapters:\n  - file: chapters/01_a\n")
+    for d in _notebooks.NOTEBOOK_DIRS:
+        (tmp_path / d).mkdir()
+    nbformat.write(nbformat.v4.new_notebook(), tmp_path / "chapters" / "01_a.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert _notebooks.check_toc() == 0
+    nbformat.write(nbformat.v4.new_notebook(), tmp_path / "exercises" / "01_a.ipynb")
+    assert _notebooks.check_toc() == 1
+    assert "exercises/01_a.ipynb" in capsys.readouterr().err
+
+
+def test_run_plain_compares_printed_text(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(6 * 7)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
+    nb.cells = [cell]
+    path = tmp_path / "ok.ipynb"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 0
+    cell.outputs[0]["text"] = "41\n"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 1
+    assert "printed text differs" in capsys.readouterr().out
