@@ -44,6 +44,7 @@ test-book: $(STAMP)
 	$(PY) -m pagedkv._notebooks check-toc
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+	$(PY) -m pagedkv._notebooks check-site
 
 execute: $(STAMP)
 	$(PY) -m pagedkv._notebooks execute $(NOTEBOOKS)

@@ -2,6 +2,7 @@
 
     python -m pagedkv._notebooks execute NB...   execute in place (what `make execute` runs)
     python -m pagedkv._notebooks check-toc       every notebook is listed in _toc.yml
+    python -m pagedkv._notebooks check-site      the built site loads no script from a network
     python -m pagedkv._notebooks run-plain NB... execute code cells without Jupyter and compare
                                                  printed text with the committed outputs
 
@@ -114,6 +115,26 @@ def _chdir(path: Path):
         os.chdir(old)
 
 
+def check_site(html_dir: str = "_build/html") -> int:
+    """Fail when a built page loads a script from the network (CDN MathJax, widget managers...).
+
+    The site must read complete with no kernel and no network: widgets and
+    replays carry their own inline rendering, and prose uses no TeX math.
+    """
+    root = _repo_root() / html_dir
+    pages = sorted(root.rglob("*.html"))
+    if not pages:
+        print(f"no pages under {html_dir}: build the book first", file=sys.stderr)
+        return 1
+    remote = re.compile(r"<script[^>]*\bsrc=[\"'](?:https?:)?//", re.IGNORECASE)
+    offenders = [str(p.relative_to(root)) for p in pages if remote.search(p.read_text(errors="replace"))]
+    if offenders:
+        print("pages that load scripts from the network: " + ", ".join(offenders), file=sys.stderr)
+        return 1
+    print(f"{len(pages)} pages, none loads a script from the network")
+    return 0
+
+
 def _run_cell(source: str, ns: dict) -> None:
     """Exec a cell like IPython would: the value of a trailing expression is displayed."""
     source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
@@ -172,6 +193,7 @@ def main(argv: list[str]) -> int:
     ex = sub.add_parser("execute")
     ex.add_argument("paths", nargs="+")
     sub.add_parser("check-toc")
+    sub.add_parser("check-site")
     rp = sub.add_parser("run-plain")
     rp.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
@@ -180,6 +202,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.cmd == "check-toc":
         return check_toc()
+    if args.cmd == "check-site":
+        return check_site()
     return run_plain(args.paths)
 
 

@@ -53,3 +53,14 @@ def test_run_plain_compares_printed_text(tmp_path, capsys):
     nbformat.write(nb, path)
     assert _notebooks.run_plain([str(path)]) == 1
     assert "printed text differs" in capsys.readouterr().out
+
+
+def test_check_site_refuses_a_page_with_a_cdn_script(tmp_path, monkeypatch):
+    (tmp_path / "_toc.yml").write_text("root: x\n")
+    site = tmp_path / "_build" / "html"
+    site.mkdir(parents=True)
+    (site / "a.html").write_text("<script src='_static/local.js'></script><script>inline()</script>")
+    monkeypatch.chdir(tmp_path)
+    assert _notebooks.check_site() == 0
+    (site / "b.html").write_text('<script async src="https://cdn.example/mathjax.js"></script>')
+    assert _notebooks.check_site() == 1
