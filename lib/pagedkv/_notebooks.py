@@ -50,12 +50,27 @@ def _repo_root() -> Path:
     raise SystemExit("no _toc.yml found in this directory or its parents: run from the book's root")
 
 
+# An absolute path in a traceback names the machine that ran it. Keep the part a
+# reader can use: "pagedkv/budget.py", "<python>/site-packages/torch/...".
+_PAGEDKV_PATH = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s:'\"]*?[/\\](pagedkv[/\\])")
+_PYTHON_PATH = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s:'\"]*?[/\\](site-packages|lib[/\\]python3\.\d+)[/\\]")
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|tmp|root|home|Users|opt|usr)/[\w.-]+")
+
+
+def scrub_paths(text: str) -> str:
+    """Replace machine-specific path prefixes in traceback text."""
+    text = _PAGEDKV_PATH.sub(r"\1", text)
+    return _PYTHON_PATH.sub(r"<python>/\1/", text)
+
+
 def normalise(nb) -> None:
     """Make a freshly executed notebook stable under re-execution (see module docstring)."""
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"c{i:03d}"
         cell.metadata.pop("execution", None)
         for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                out["traceback"] = [scrub_paths(line) for line in out.get("traceback", [])]
             data = out.get("data")
             if data and WIDGET_VIEW in data:
                 del data[WIDGET_VIEW]
@@ -88,8 +103,18 @@ def execute(paths: list[str], timeout: int = 900) -> None:
 
 
 def check_toc() -> int:
-    """Fail when a notebook in chapters/, exercises/ or solutions/ is missing from _toc.yml."""
+    """Fail when a notebook in chapters/, exercises/ or solutions/ is missing from _toc.yml,
+    or when a notebook names a path of the machine that executed it."""
     root = _repo_root()
+    leaks = []
+    for d in NOTEBOOK_DIRS:
+        for nb in sorted((root / d).glob("*.ipynb")):
+            found = MACHINE_PATH.search(nb.read_text())
+            if found:
+                leaks.append(f"{d}/{nb.name} ({found.group(0)})")
+    if leaks:
+        print("notebooks naming a machine path: " + ", ".join(leaks), file=sys.stderr)
+        return 1
     toc = (root / "_toc.yml").read_text()
     listed = set(re.findall(r"file:\s*([\w./-]+)", toc))
     missing = []

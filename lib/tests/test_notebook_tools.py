@@ -64,3 +64,28 @@ def test_check_site_refuses_a_page_with_a_cdn_script(tmp_path, monkeypatch):
     assert _notebooks.check_site() == 0
     (site / "b.html").write_text('<script async src="https://cdn.example/mathjax.js"></script>')
     assert _notebooks.check_site() == 1
+
+
+def test_tracebacks_lose_machine_paths_but_keep_the_library_file():
+    line = "File \x1b[0;32m/srv/build/checkout/lib/pagedkv/budget.py:251\x1b[0m, in check"
+    assert _notebooks.scrub_paths(line) == "File \x1b[0;32mpagedkv/budget.py:251\x1b[0m, in check"
+    site = "File /opt/venv/lib/python3.11/site-packages/torch/nn/x.py:3"
+    assert "/opt/" not in _notebooks.scrub_paths(site) and "torch/nn/x.py" in _notebooks.scrub_paths(site)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1/0")
+    cell.outputs = [nbformat.v4.new_output("error", ename="E", evalue="v", traceback=[line])]
+    nb.cells = [cell]
+    _notebooks.normalise(nb)
+    assert not _notebooks.MACHINE_PATH.search(str(nb))
+
+
+def test_check_toc_refuses_a_notebook_that_names_a_machine_path(tmp_path, monkeypatch, capsys):
+    (tmp_path / "_toc.yml").write_text("root: x\nchapters:\n  - file: chapters/01_a\n")
+    for d in _notebooks.NOTEBOOK_DIRS:
+        (tmp_path / d).mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("see /home/alice/notes.txt")]
+    nbformat.write(nb, tmp_path / "chapters" / "01_a.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert _notebooks.check_toc() == 1
+    assert "/home/alice" in capsys.readouterr().err
