@@ -1,0 +1,158 @@
+"""The chapter 2 checkers: right answers pass, each kind of wrong answer fails the right property."""
+
+import time
+
+from pagedkv import checks
+
+
+def verdicts(report):
+    return [r.passed for r in report.results]
+
+
+# ------------------------------------------------------------------ solutions
+def tail_ok(lengths, probs, block_size):
+    return sum(p * ((block_size - n % block_size) % block_size) for n, p in zip(lengths, probs))
+
+
+def largest_ok(allocated, capacity):
+    best, end = 0, 0
+    for start, length in sorted(allocated):
+        best, end = max(best, start - end), start + length
+    return max(best, capacity - end)
+
+
+def trace_ok(capacity):
+    # Four equal extents and a remainder; free the 1st and 3rd: two separate holes.
+    q = capacity // 4
+    ops = [("admit", name, q) for name in "abcd"]
+    if capacity % 4:
+        ops.append(("admit", "rest", capacity % 4))
+    ops += [("finish", "a"), ("finish", "c")]
+    return ops, q + 1
+
+
+def test_correct_solutions_pass_every_property(capsys):
+    assert checks.check_expected_tail_waste(tail_ok)
+    assert checks.check_largest_free_extent(largest_ok)
+    assert checks.check_fragmenting_trace(trace_ok)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 5 + 5 + 3
+
+
+def test_numpy_answers_are_accepted():
+    import numpy as np
+
+    def tail_np(lengths, probs, block_size):
+        return np.dot(probs, (-np.asarray(lengths)) % block_size)
+
+    assert checks.check_expected_tail_waste(tail_np, cases=20)
+
+
+# ------------------------------------------------------------------ (a) wrong answers
+def test_forgetting_the_outer_modulo_charges_a_whole_block_for_full_sequences():
+    report = checks.check_expected_tail_waste(lambda L, P, B: sum(p * (B - n % B) for n, p in zip(L, P)))
+    assert verdicts(report) == [False, False, False, False, False]
+    assert "one sequence of 16 tokens at block 16: expected 0, got 16" in report.results[0].detail
+
+
+def test_a_plain_average_ignores_the_probabilities():
+    report = checks.check_expected_tail_waste(lambda L, P, B: sum((-n) % B for n in L) / len(L))
+    assert verdicts(report) == [True, True, False, True, False]
+    assert "expected 3.1, got 7.75" in report.results[2].detail
+
+
+def test_the_uniform_shortcut_is_not_the_answer():
+    report = checks.check_expected_tail_waste(lambda L, P, B: (B - 1) / 2)
+    assert verdicts(report) == [False, False, False, True, False]
+
+
+# ------------------------------------------------------------------ (b) wrong largest extents
+def test_forgetting_the_hole_after_the_last_extent():
+    def no_tail(allocated, capacity):
+        best, end = 0, 0
+        for start, length in sorted(allocated):
+            best, end = max(best, start - end), start + length
+        return best if allocated else capacity
+
+    report = checks.check_largest_free_extent(no_tail)
+    assert verdicts(report) == [True, True, False, True, False]
+
+
+def test_total_free_is_not_the_largest_hole():
+    report = checks.check_largest_free_extent(lambda A, cap: cap - sum(n for _, n in A))
+    assert verdicts(report) == [True, False, False, False, False]
+    assert "expected 30, got 60" in report.results[1].detail
+
+
+def test_assuming_sorted_input():
+    def unsorted_walk(allocated, capacity):
+        best, end = 0, 0
+        for start, length in allocated:  # no sort
+            best, end = max(best, start - end), start + length
+        return max(best, capacity - end)
+
+    report = checks.check_largest_free_extent(unsorted_walk)
+    assert verdicts(report)[:4] == [True, True, True, False]
+    assert not report
+
+
+# ------------------------------------------------------------------ (b) wrong traces
+def test_a_full_pool_is_shortage_not_fragmentation():
+    report = checks.check_fragmenting_trace(lambda cap: ([("admit", "a", cap)], 1))
+    assert verdicts(report) == [True, True, False]
+    assert "that is a full pool, not fragmentation" in report.results[2].detail
+
+
+def test_freeing_neighbours_leaves_one_big_hole():
+    def neighbours(cap):
+        q = cap // 4
+        ops = [("admit", n, q) for n in "abcd"] + [("finish", "a"), ("finish", "b")]
+        return ops, q + 1
+
+    report = checks.check_fragmenting_trace(neighbours)
+    assert verdicts(report) == [True, False, True]
+    assert "was admitted" in report.results[1].detail
+
+
+def test_malformed_traces_are_explained():
+    report = checks.check_fragmenting_trace(lambda cap: ([("finish", "ghost")], 1))
+    assert verdicts(report) == [False, False, False]
+    assert "finish a request that is admitted" in report.results[0].detail
+    report = checks.check_fragmenting_trace(lambda cap: ([("admit", "a", cap), ("admit", "b", 1)], 1))
+    assert "first-fit refused" in report.results[0].detail
+    report = checks.check_fragmenting_trace(lambda cap: [("admit", "a", 1)])
+    assert "expected (ops, need)" in report.results[0].detail
+    report = checks.check_fragmenting_trace(lambda cap: ([("admit", "a", 2.5)], 1))
+    assert "expected an integer, got float" in report.results[0].detail
+
+
+# ------------------------------------------------------------------ robustness
+def test_crashes_wrong_types_and_stubs_become_red_lines():
+    def crashes(*args):
+        return {}["missing"]
+
+    for check in (checks.check_expected_tail_waste, checks.check_largest_free_extent, checks.check_fragmenting_trace):
+        report = check(crashes)
+        assert not report and all("raised KeyError" in r.detail or "did not replay" in r.detail
+                                  for r in report.results)
+
+        def stub(*args):
+            raise NotImplementedError
+
+        report = check(stub)
+        assert not report and "not implemented yet" in report.results[0].detail
+    report = checks.check_expected_tail_waste(lambda *a: "7.75")
+    assert not report and "expected a number, got str" in report.results[0].detail
+    report = checks.check_largest_free_extent(lambda *a: 30.0)
+    assert not report and "expected an integer, got float" in report.results[0].detail
+
+
+def test_a_hang_becomes_a_timeout_line_and_the_rest_still_run():
+    def hangs(*args):
+        while True:
+            time.sleep(0.01)
+
+    for check in (checks.check_expected_tail_waste, checks.check_largest_free_extent, checks.check_fragmenting_trace):
+        report = check(hangs, timeout=0.2)
+        assert not report and len(report.results) >= 3
+        assert "no answer within 0.2 s" in report.results[0].detail
