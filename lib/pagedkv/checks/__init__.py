@@ -9,3 +9,6 @@ from ._harness import CheckReport, Checker, PropertyResult  # noqa: F401
 from .ch01_memory_budget import *  # noqa: F401,F403
 from .ch02_fragmentation import *  # noqa: F401,F403
 from .ch03_block_pool import *  # noqa: F401,F403
+from .ch04_block_table import *  # noqa: F401,F403
+from .ch05_slot_mapping import *  # noqa: F401,F403
+from .ch06_copy_on_write import *  # noqa: F401,F403

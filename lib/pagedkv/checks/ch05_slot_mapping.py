@@ -1,0 +1,265 @@
+"""Checks for exercises/05_slot_mapping.ipynb.
+
+The learner writes two Triton kernels, each behind a small Python wrapper:
+
+* ``slot_mapping(block_table, req_indices, positions, block_size) -> torch.Tensor``:
+  ``block_table`` an ``[num_rows, max_blocks]`` int32 tensor, ``req_indices``
+  and ``positions`` int64 tensors of one entry per token (``-1`` = padding),
+  all on ``pagedkv.default_device()``; returns one int64 slot per token.
+* ``kv_write(key, value, key_cache, value_cache, slot_mapping) -> None``:
+  writes each token's ``[num_kv_heads, head_dim]`` key and value into the
+  block-major caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` at its
+  slot, in place, skipping slot -1.
+
+The checks run the learner's kernels (compiled on a GPU, in Triton's
+interpreter on a CPU) on seeded random tables and compare them with the
+library's references (``pagedkv.kernels.compute_slot_mapping_ref``,
+``reshape_and_cache_ref``) and with token-by-token oracles written here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._device import default_device
+from ..kernels.kv_write import reshape_and_cache_ref
+from ..kernels.slot_mapping import compute_slot_mapping_ref
+from ._harness import Checker, CheckReport
+
+__all__ = ["check_slot_mapping_kernel", "check_kv_write_kernel"]
+
+BLOCK_SIZES = (1, 8, 16, 32, 128)
+
+
+def _slot_oracle(table: torch.Tensor, reqs: torch.Tensor, positions: torch.Tensor, block_size: int) -> list[int]:
+    t = table.cpu().tolist()
+    return [
+        -1 if r == -1 else t[r][p // block_size] * block_size + p % block_size
+        for r, p in zip(reqs.cpu().tolist(), positions.cpu().tolist())
+    ]
+
+
+def _random_slot_case(g: torch.Generator, block_size: int, num_tokens: int | None = None):
+    rows = int(torch.randint(1, 6, (1,), generator=g))
+    width = int(torch.randint(1, 9, (1,), generator=g))
+    table = torch.randperm(rows * width * 2, generator=g)[: rows * width].reshape(rows, width).to(torch.int32)
+    n = num_tokens if num_tokens is not None else int(torch.randint(1, 40, (1,), generator=g))
+    reqs = torch.randint(0, rows, (n,), generator=g)
+    positions = torch.randint(0, width * block_size, (n,), generator=g)
+    pad = torch.rand(n, generator=g) < 0.2
+    reqs[pad], positions[pad] = -1, 0
+    return table, reqs, positions
+
+
+# A learner's unmasked load or store can reach just outside a tensor. In the
+# interpreter a far miss kills the process, but a near one (row -1 of the
+# table, slot -1 of a cache) only touches a neighbour. So the checks hand the
+# learner views into larger buffers whose guard rows/blocks on both sides are
+# filled with sentinels: a near miss then shows up as a red line, not a crash.
+GUARD_BLOCK_ID = 999_999
+
+
+def _guarded_table(table: torch.Tensor) -> torch.Tensor:
+    buf = torch.full((table.shape[0] + 2, table.shape[1]), GUARD_BLOCK_ID, dtype=torch.int32, device=default_device())
+    buf[1:-1] = table.to(buf.device)
+    return buf[1:-1]  # contiguous: whole rows
+
+
+def _run_slot_fn(fn, table, reqs, positions, block_size, what: str) -> torch.Tensor:
+    dev = default_device()
+    got = fn(_guarded_table(table), reqs.to(dev), positions.to(dev), block_size)
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+    if got.shape != (reqs.numel(),):
+        raise AssertionError(f"{what}: expected shape ({reqs.numel()},), got {tuple(got.shape)}")
+    return got
+
+
+def _compare_slots(got: torch.Tensor, want: list[int], reqs, positions, block_size: int, what: str) -> None:
+    for i, (g, w) in enumerate(zip(got.cpu().tolist(), want)):
+        if g != w:
+            hint = " -- it read outside the block table" if g // block_size == GUARD_BLOCK_ID else ""
+            raise AssertionError(
+                f"{what}: token {i} (row {int(reqs[i])}, position {int(positions[i])}) expected slot {w}, got {g}{hint}"
+            )
+
+
+def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float = 60.0) -> CheckReport:
+    """Check ``fn(block_table, req_indices, positions, block_size) -> int64 tensor`` (a Triton kernel's wrapper).
+
+    ``timeout`` bounds each property, in seconds (the interpreter is slow, a hang is slower).
+    """
+    g = torch.Generator().manual_seed(seed)
+    with Checker("slot_mapping kernel", timeout=timeout) as c:
+
+        def worked_example():
+            table = torch.zeros(4, 300, dtype=torch.int32)
+            table[3, :256] = torch.arange(256) + 5000
+            table[3, 256] = 1913
+            reqs, pos = torch.tensor([3]), torch.tensor([4096])
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "row 3, position 4096")
+            _compare_slots(got, [30608], reqs, pos, 16, "the worked example")
+
+        c.prop("the worked example: row 3, position 4096 -> slot 30,608", worked_example,
+               "load block_table[req * row_stride + pos // block_size]; slot = block * block_size + pos % block_size")
+
+        def dtype_and_device():
+            table, reqs, pos = _random_slot_case(g, 16)
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "a random batch")
+            if got.dtype != torch.int64:
+                raise AssertionError(f"expected an int64 tensor, got {got.dtype}")
+            if got.device.type != default_device().type:
+                raise AssertionError(f"expected the result on {default_device()}, got {got.device}")
+
+        c.prop("returns int64 slots on the table's device", dtype_and_device,
+               "allocate the output with torch.empty(n, dtype=torch.int64, device=block_table.device)")
+
+        def padding():
+            table = torch.tensor([[7, 9], [4, 0]], dtype=torch.int32)
+            reqs = torch.tensor([-1, 0, -1, 1, -1])
+            pos = torch.tensor([0, 17, 5, 3, 0])
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "a batch with padding")
+            _compare_slots(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, 16, "padding")
+
+        c.prop("padding tokens get slot -1 (and never read the table)", padding,
+               "is_real = req >= 0; mask the table load with it; tl.where(is_real, slot, -1)")
+
+        def many_tokens():
+            table, reqs, pos = _random_slot_case(g, 8, num_tokens=1000)
+            got = _run_slot_fn(fn, table, reqs, pos, 8, "1,000 tokens")
+            _compare_slots(got, _slot_oracle(table, reqs, pos, 8), reqs, pos, 8, "1,000 tokens")
+
+        c.prop("1,000 tokens (not a multiple of any tile) are all mapped", many_tokens,
+               "grid = (triton.cdiv(num_tokens, TILE),) and mask offsets < num_tokens on every load and store")
+
+        def wide_slots():
+            table = torch.tensor([[20_000_000, 3]], dtype=torch.int32)
+            reqs, pos = torch.tensor([0, 0]), torch.tensor([5, 130])
+            got = _run_slot_fn(fn, table, reqs, pos, 128, "block id 20,000,000 at block_size 128")
+            _compare_slots(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, 128, "slots past 2**31")
+
+        c.prop("slots past 2**31 do not overflow", wide_slots,
+               "the loaded block id is int32: .to(tl.int64) before multiplying by block_size")
+
+        def randomized():
+            for k in range(cases):
+                bs = BLOCK_SIZES[k % len(BLOCK_SIZES)]
+                table, reqs, pos = _random_slot_case(g, bs)
+                what = f"random case {k} (block_size {bs}, table {table.shape[0]} x {table.shape[1]})"
+                got = _run_slot_fn(fn, table, reqs, pos, bs, what)
+                want = _slot_oracle(table, reqs, pos, bs)
+                assert compute_slot_mapping_ref(table, reqs, pos, bs).tolist() == want, "library and oracle disagree"
+                _compare_slots(got, want, reqs, pos, bs, what)
+
+        c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the reference", randomized,
+               "the row offset is req * block_table.stride(0)")
+    return c.report
+
+
+def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, heads: int = 2, head_dim: int = 8,
+                    tokens: int = 6):
+    num_blocks = max(3, -(-2 * tokens // block_size))
+    key = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
+    value = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
+    shape = (num_blocks, block_size, heads, head_dim)
+    key_cache = torch.randn(shape, generator=g).to(dtype)  # old contents that must survive
+    value_cache = torch.randn(shape, generator=g).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    slots[int(torch.randint(0, tokens, (1,), generator=g))] = -1
+    return key, value, key_cache, value_cache, slots
+
+
+def _run_kv_fn(fn, key, value, key_cache, value_cache, slots, what: str):
+    """Run the learner's kernel on device copies; return the caches it wrote, on the CPU."""
+    dev = default_device()
+    bufs = []
+    for cache in (key_cache, value_cache):
+        buf = torch.empty((cache.shape[0] + 2, *cache.shape[1:]), dtype=cache.dtype, device=dev)
+        buf[0], buf[-1] = -777.0, 777.0  # the guard blocks
+        buf[1:-1] = cache.to(dev)
+        bufs.append(buf)
+    kc, vc = bufs[0][1:-1], bufs[1][1:-1]  # contiguous: whole blocks
+    result = fn(key.to(dev), value.to(dev), kc, vc, slots.to(dev))
+    if result is not None and not isinstance(result, (tuple, list, torch.Tensor)):
+        raise AssertionError(f"{what}: expected None (the caches are written in place), got {type(result).__name__}")
+    for name, buf in zip(("key_cache", "value_cache"), bufs):
+        if not (bool((buf[0] == -777.0).all()) and bool((buf[-1] == 777.0).all())):
+            side = "before" if not bool((buf[0] == -777.0).all()) else "after"
+            raise AssertionError(f"{what}: the kernel wrote {side} {name}'s memory (slot -1 must be skipped, "
+                                 "and every store masked)")
+    return kc.cpu(), vc.cpu()
+
+
+def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str) -> None:
+    bs = want_k.shape[1]
+    written = {s for s in slots.tolist() if s >= 0}
+    for name, got, want in (("key_cache", got_k, want_k), ("value_cache", got_v, want_v)):
+        flat_g, flat_w = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
+        differs = (flat_g != flat_w).flatten(1).any(1).nonzero().flatten().tolist()
+        if differs:
+            s = differs[0]
+            if s in written:
+                t = slots.tolist().index(s)
+                raise AssertionError(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) "
+                                     f"should hold token {t}'s data and does not")
+            raise AssertionError(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) was not "
+                                 "written by any token but changed")
+
+
+def _kv_property(fn, g, dtype, block_size, heads=2, head_dim=8, tokens=6, what="") -> None:
+    key, value, kc, vc, slots = _random_kv_case(g, dtype, block_size, heads, head_dim, tokens)
+    want_k, want_v = kc.clone(), vc.clone()
+    reshape_and_cache_ref(key, value, want_k, want_v, slots)
+    oracle_k, oracle_v = kc.clone(), vc.clone()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            oracle_k[s // block_size, s % block_size] = key[t]
+            oracle_v[s // block_size, s % block_size] = value[t]
+    assert torch.equal(want_k, oracle_k) and torch.equal(want_v, oracle_v), "library and oracle disagree"
+    got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, what)
+    _compare_caches(got_k, got_v, want_k, want_v, slots, what)
+
+
+def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckReport:
+    """Check ``fn(key, value, key_cache, value_cache, slot_mapping) -> None`` (a Triton kernel's wrapper).
+
+    ``timeout`` bounds each property, in seconds.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with Checker("kv_write kernel", timeout=timeout) as c:
+        c.prop("fp32 tokens land at their slots; every other slot keeps its contents",
+               lambda: _kv_property(fn, g, torch.float32, 16, what="fp32, block_size 16"),
+               "one program per token: load its slot, then copy num_kv_heads * head_dim elements to row slot "
+               "of the flattened cache")
+
+        def padding_only():
+            key, value, kc, vc, slots = _random_kv_case(g, torch.float32, 4)
+            slots[:] = -1
+            got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, "a batch of padding only")
+            _compare_caches(got_k, got_v, kc, vc, slots, "a batch of padding only")
+
+        c.prop("padding tokens (slot -1) write nothing", padding_only,
+               "mask every store with slot >= 0; a store to row -1 lands in the previous block's memory")
+
+        def block_sizes():
+            for bs in BLOCK_SIZES:
+                _kv_property(fn, g, torch.float32, bs, what=f"block_size {bs}")
+
+        c.prop("block sizes 1, 8, 16, 32, 128", block_sizes,
+               "block-major caches are flat rows: block b, offset o is row b * block_size + o")
+
+        def half_types():
+            for dtype in (torch.float16, torch.bfloat16):
+                _kv_property(fn, g, dtype, 8, what=str(dtype).replace("torch.", ""))
+
+        c.prop("fp16 and bf16 are copied bit for bit", half_types,
+               "copy without converting: store what you loaded, in the cache's dtype")
+
+        c.prop("a token width that is not a power of two (3 heads x 5 dims)",
+               lambda: _kv_property(fn, g, torch.float32, 8, heads=3, head_dim=5, what="3 heads x 5 dims"),
+               "tl.arange needs a power of two: use triton.next_power_of_2(width) and mask cols < width")
+
+        c.prop("many tokens (200) in one call",
+               lambda: _kv_property(fn, g, torch.float32, 16, tokens=200, what="200 tokens"),
+               "launch one program per token: grid = (num_tokens,)")
+    return c.report

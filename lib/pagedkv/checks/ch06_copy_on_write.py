@@ -1,0 +1,195 @@
+"""Checks for exercises/06_copy_on_write.ipynb.
+
+The learner writes the copy-on-write branch of ``PagedKV.append``:
+
+* ``copy_on_write(pool, request_id) -> int``: give ``request_id`` a private
+  copy of its partial tail page (shared with another request, or pinned by a
+  transfer) and return the new page id. ``MemoryError`` with nothing changed
+  when no page is free.
+
+The checker plugs the function into a subclass of
+:class:`pagedkv.scheduler_sim.PagedKV` (it overrides ``copy_on_write``, the one
+method ``append`` calls for that branch) and runs the chapter's cases and the
+randomized test: seeded random operations compared, after every one, with an
+independent oracle of plain Python lists, with ``check()`` after every
+mutation and the contents of every pinned page frozen.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from ..scheduler_sim import PagedKV
+from ._harness import Checker, CheckReport, expect_equal, expect_int
+
+__all__ = ["check_copy_on_write"]  # random_trial is public too, for the chapter
+
+
+def _with_hook(fn) -> type:
+    """A PagedKV whose copy-on-write branch is the learner's function."""
+
+    def copy_on_write(self, request_id):
+        return fn(self, request_id)
+
+    return type("LearnerPagedKV", (PagedKV,), {"copy_on_write": copy_on_write})
+
+
+def _state(pool: PagedKV):
+    return copy.deepcopy((pool.pages, sorted(pool.free), pool.tables, pool.owners, pool.pins, pool.transfers))
+
+
+def _checked(pool: PagedKV, when: str) -> None:
+    try:
+        pool.check()
+    except AssertionError as exc:
+        raise AssertionError(f"{when}: {exc}") from None
+
+
+def random_trial(cls: type, seed: int, n_ops: int) -> None:
+    """One seeded run of create/append/fork/pin/unpin/release against a list oracle.
+
+    Raises ``AssertionError`` naming the seed, the operation and what differed;
+    returns quietly when every read matched, ``check()`` held after every
+    operation and no pinned page changed.
+    """
+    rng = random.Random(seed)
+    block_size = rng.randint(2, 4)  # at least 2, so partial tails exist
+    pool = cls(rng.randint(3, 12), block_size)
+    seqs: dict[str, list[int]] = {}  # the oracle: each request's tokens
+    frozen: dict[str, dict[int, list[int]]] = {}  # live transfer -> its pages' contents at pin time
+    n = 0
+    for step in range(n_ops):
+        live = sorted(seqs)
+        ops = ["create"] + (["append"] * 4 + ["fork", "pin", "release"] if live else []) + (["unpin"] if frozen else [])
+        op = rng.choice(ops)
+        where = f"seed {seed}, operation {step} ({op})"
+        n += 1
+        before, was_full = _state(pool), not pool.free
+        try:
+            if op == "create":
+                pool.create(f"r{n}")
+                seqs[f"r{n}"] = []
+            elif op == "append":
+                rid = rng.choice(live)
+                pool.append(rid, n)
+                seqs[rid].append(n)
+            elif op == "fork":
+                parent = rng.choice(live)
+                pool.fork(parent, f"r{n}")
+                seqs[f"r{n}"] = list(seqs[parent])
+            elif op == "pin":
+                rid = rng.choice([r for r in live if seqs[r]] or live)
+                if not seqs[rid]:
+                    continue
+                pages = pool.pin(rid, f"t{n}")
+                frozen[f"t{n}"] = {p: list(pool.pages[p]) for p in pages}
+            elif op == "unpin":
+                handle = rng.choice(sorted(frozen))
+                pool.unpin(handle)
+                del frozen[handle]
+            else:
+                rid = rng.choice(live)
+                pool.release(rid)
+                del seqs[rid]
+        except MemoryError:
+            if not was_full:
+                raise AssertionError(f"{where}: MemoryError although {len(before[1])} pages were free") from None
+            if _state(pool) != before:
+                raise AssertionError(f"{where}: MemoryError, but the pool changed; allocate before changing anything") from None
+        _checked(pool, where)
+        for rid, tokens in seqs.items():
+            got = pool.read(rid)
+            if got != tokens:
+                raise AssertionError(f"{where}: read({rid!r}) = {got}, expected {tokens}")
+        for handle, pages in frozen.items():
+            for page, contents in pages.items():
+                if pool.pages.get(page) != contents:
+                    raise AssertionError(f"{where}: page {page}, pinned by {handle!r}, changed from {contents} "
+                                         f"to {pool.pages.get(page)}")
+
+
+def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 20.0) -> CheckReport:
+    """Check ``fn(pool, request_id) -> int``, the copy-on-write branch of ``PagedKV.append``."""
+    cls = _with_hook(fn)
+    with Checker("copy_on_write", timeout=timeout) as c:
+        def worked_example():
+            pool = cls(capacity=3, block_size=4)
+            pool.create("a")
+            pool.append("a", 10)
+            pool.fork("a", "b")
+            (source,) = pool.pin("a", "transfer-1")
+            pool.append("b", 20)
+            expect_equal(pool.read("a"), [10], "read('a') after b appends")
+            expect_equal(pool.read("b"), [10, 20], "read('b') after b appends")
+            expect_equal(pool.tables["a"], [source], "a's table (only b's entry may move)")
+            _checked(pool, "after b appends")
+            pool.release("a")
+            pool.unpin("transfer-1")
+            expect_equal(source in pool.free, True, "the source page is free once a and the transfer are done")
+            pool.release("b")
+            expect_equal(len(pool.free), 3, "free pages at the end")
+
+        c.prop("the worked example: b gets a private copy, a and the transfer keep page 0", worked_example,
+               "allocate a page, copy the tail's tokens into it, point only this request's last table entry at it")
+
+        def returns_new_page():
+            pool = cls(capacity=4, block_size=4)
+            pool.create("a")
+            pool.append("a", 1)
+            pool.fork("a", "b")
+            old = pool.tables["b"][-1]
+            got = fn(pool, "b")
+            page = expect_int(got, "the returned page")
+            expect_equal(page != old, True, f"the returned page differs from the old tail {old}")
+            expect_equal(pool.tables["b"][-1], page, "b's tail after the copy")
+            expect_equal(pool.pages[page], [1], "the new page's contents")
+            expect_equal(pool.owners[page], {"b"}, "owners of the new page")
+            expect_equal(pool.owners[old], {"a"}, "owners of the old page")
+            _checked(pool, "after copy_on_write")
+
+        c.prop("returns the new page id, now b's tail, owned by b alone", returns_new_page,
+               "move the owner reference: add it to the new page, drop it from the old one")
+
+        def pinned_sole_owner():
+            pool = cls(capacity=4, block_size=4)
+            pool.create("a")
+            pool.append("a", 1)
+            pool.append("a", 2)
+            (page,) = pool.pin("a", "x")
+            pool.append("a", 3)
+            expect_equal(pool.pages[page], [1, 2], "the pinned page (a transfer may still read it)")
+            expect_equal(pool.read("a"), [1, 2, 3], "read('a')")
+            _checked(pool, "after the append")
+            pool.unpin("x")
+            expect_equal(page in pool.free, True, "the old page is free once the transfer completes")
+
+        c.prop("a sole owner copies a pinned partial tail; the pinned page stays as it was", pinned_sole_owner,
+               "a page with no other owner but a pin still must not change")
+
+        def out_of_memory():
+            pool = cls(capacity=1, block_size=4)
+            pool.create("a")
+            pool.append("a", 7)
+            pool.fork("a", "b")
+            before = _state(pool)
+            try:
+                pool.append("b", 8)
+            except MemoryError:
+                pass
+            else:
+                raise AssertionError("append on a full one-page pool did not raise MemoryError")
+            if _state(pool) != before:
+                raise AssertionError("MemoryError was raised, but the pool changed")
+            expect_equal((pool.read("a"), pool.read("b")), ([7], [7]), "reads after the failed append")
+
+        c.prop("no free page: MemoryError, and the pool is exactly as before", out_of_memory,
+               "take the new page first: if that fails, nothing has been touched yet")
+
+        def randomized():
+            for seed in range(seeds):
+                random_trial(cls, seed, n_ops)
+
+        c.prop(f"{seeds} seeds x {n_ops} random operations match a list oracle; check() holds after each",
+               randomized, "read the message: it names the seed, the operation and what differed")
+    return c.report

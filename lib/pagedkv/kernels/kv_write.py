@@ -1,0 +1,143 @@
+"""The KV write: store this step's keys and values at their slots.
+
+Every attention layer runs this once per step, before attention reads the
+cache. The caches are block-major, ``[num_blocks, block_size, num_kv_heads,
+head_dim]``, so viewed flat as ``[num_blocks * block_size, num_kv_heads,
+head_dim]`` a slot is simply a row index: token ``t`` copies its
+``[num_kv_heads, head_dim]`` key and value into row ``slot_mapping[t]``. All
+layers share one slot mapping; only the cache tensors differ. vLLM calls this
+op ``reshape_and_cache``; ours has the same name and the same argument order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _device  # noqa: F401  -- the Triton mode is fixed before @triton.jit
+
+__all__ = ["reshape_and_cache", "reshape_and_cache_ref", "KV_DTYPES"]
+
+KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr,  # [num_tokens, num_kv_heads * head_dim], contiguous
+    value_ptr,
+    key_cache_ptr,  # [num_blocks * block_size, num_kv_heads * head_dim], contiguous
+    value_cache_ptr,
+    slot_mapping_ptr,  # [num_tokens] int64, -1 = padding
+    token_width,  # num_kv_heads * head_dim
+    CHUNK: tl.constexpr,  # elements of one token copied by one program (power of two)
+):
+    token = tl.program_id(0)
+    chunk = tl.program_id(1)
+    slot = tl.load(slot_mapping_ptr + token)  # int64: slot * token_width can pass 2**31
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = (cols < token_width) & (slot >= 0)  # padding tokens write nothing
+
+    src = token.to(tl.int64) * token_width + cols
+    dst = slot * token_width + cols
+    k = tl.load(key_ptr + src, mask=mask)
+    v = tl.load(value_ptr + src, mask=mask)
+    tl.store(key_cache_ptr + dst, k, mask=mask)
+    tl.store(value_cache_ptr + dst, v, mask=mask)
+
+
+def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Check everything the kernel trusts, before it runs (see the package docstring)."""
+    named = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+             "slot_mapping": slot_mapping}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    devices = {str(t.device) for t in named.values()}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
+    if key.dim() != 3:
+        raise ValueError(f"key must be [num_tokens, num_kv_heads, head_dim], got shape {tuple(key.shape)}")
+    if value.shape != key.shape:
+        raise ValueError(f"value shape {tuple(value.shape)} differs from key shape {tuple(key.shape)}")
+    if key_cache.dim() != 4:
+        raise ValueError(
+            f"key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(key_cache.shape)}"
+        )
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"value_cache shape {tuple(value_cache.shape)} differs from key_cache shape {tuple(key_cache.shape)}"
+        )
+    if key_cache.shape[2:] != key.shape[1:]:
+        raise ValueError(
+            f"cache heads/head_dim {tuple(key_cache.shape[2:])} differ from key's {tuple(key.shape[1:])}"
+        )
+    for name in ("key", "value", "key_cache", "value_cache"):
+        if named[name].dtype not in KV_DTYPES:
+            raise TypeError(f"{name} dtype must be one of float32, float16, bfloat16, got {named[name].dtype}")
+    if not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype):
+        raise TypeError(
+            "key, value and both caches must share one dtype, got "
+            f"{key.dtype}, {value.dtype}, {key_cache.dtype}, {value_cache.dtype}"
+        )
+    if slot_mapping.dtype != torch.int64:
+        raise TypeError(f"slot_mapping must be int64, got dtype {slot_mapping.dtype}")
+    if slot_mapping.shape != (key.shape[0],):
+        raise ValueError(
+            f"slot_mapping must have one slot per token ({key.shape[0]}), got shape {tuple(slot_mapping.shape)}"
+        )
+
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    bad = (slot_mapping < -1) | (slot_mapping >= num_slots)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise IndexError(
+            f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside the cache's {num_slots} slots "
+            f"({key_cache.shape[0]} blocks x {key_cache.shape[1]}); -1 marks padding"
+        )
+    real = slot_mapping[slot_mapping >= 0]
+    if real.numel() != torch.unique(real).numel():
+        values, counts = torch.unique(real, return_counts=True)
+        dup = int(values[counts > 1][0])
+        raise ValueError(f"slot {dup} appears more than once in slot_mapping: two tokens would race for it")
+
+
+def _launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Launch on already-validated tensors (the benchmark times this alone)."""
+    num_tokens = key.shape[0]
+    token_width = key.shape[1] * key.shape[2]
+    if num_tokens == 0 or token_width == 0:
+        return
+    chunk = min(triton.next_power_of_2(token_width), 1024)
+    grid = (num_tokens, triton.cdiv(token_width, chunk))
+    _reshape_and_cache_kernel[grid](
+        key, value, key_cache, value_cache, slot_mapping, token_width, CHUNK=chunk
+    )
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Write each token's K and V into the block-major caches at its slot (in place).
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, contiguous.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``,
+            contiguous, same dtype as ``key`` (float32, float16 or bfloat16).
+        slot_mapping: ``[num_tokens]`` int64; ``-1`` skips the token (padding).
+
+    Raises:
+        TypeError / ValueError / IndexError naming the offending value, before any
+        write: a slot out of range, a slot used twice, or mismatched shapes.
+    """
+    _validate(key, value, key_cache, value_cache, slot_mapping)
+    _launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """The same write with PyTorch indexing: the reference the kernel is tested against."""
+    _validate(key, value, key_cache, value_cache, slot_mapping)
+    heads, dim = key.shape[1:]
+    real = slot_mapping >= 0
+    key_cache.view(-1, heads, dim)[slot_mapping[real]] = key[real]
+    value_cache.view(-1, heads, dim)[slot_mapping[real]] = value[real]

@@ -1,0 +1,520 @@
+"""The scheduler's view of KV memory: ``Request`` and ``KVCacheManager``.
+
+This is vLLM V1's ``KVCacheManager`` for one cache group (the roles of its
+coordinator and ``SingleTypeKVCacheManager`` folded into one class), built on
+``pagedkv.block_pool.BlockPool``. The scheduler asks two questions per request:
+
+* ``get_computed_blocks(request)``: how much of this prompt is already in the
+  prefix cache? The longest cached prefix, stopping at the first miss, capped
+  so the last prompt token is always recomputed (its logits are needed).
+* ``allocate_slots(request, num_new_tokens, ...)``: give this step's tokens
+  somewhere to live, or return ``None`` (nothing changed) so the scheduler can
+  preempt someone and retry. The capacity test is one subtraction.
+
+Sharing and copy-on-write
+-------------------------
+Full blocks are shared by reference count: a prefix hit *touches* the cached
+block (``ref_cnt += 1``) and the request appends its own new blocks after it.
+No copy is ever needed, because nobody writes into a full block again.
+
+When the prefix-match unit ``hash_block_size`` is finer than ``block_size``, a
+hit can end *inside* a block: at 4,100 cached tokens with 16-token blocks,
+logical block 256 is shared with only 4 of its 16 slots valid for this request,
+and the request must write slots 4..15. It cannot write into a block others
+hold, so the manager redirects that table entry to a fresh private block (the
+one write to a block table that is not an append) and records a pending copy
+``(src, dst)``. The copies run on the worker, in every layer, before the
+forward pass reads the cache (``pagedkv.kernels.copy_blocks``).
+
+The copy protocol, explicitly:
+
+1. ``allocate_slots`` records ``(src, dst)``; ``src`` keeps the reference the
+   prefix hit took, ``dst`` gets one more reference beyond the request's own.
+2. ``take_pending_copies()`` hands the pairs (block ids) to the worker, which
+   must run them before this step's forward pass.
+3. ``acknowledge_copies(pairs)``, once the step has run, drops those two extra
+   references. Until then neither end can be recycled, even if the request is
+   freed in the meantime (a cancelled request cannot revoke an issued copy).
+
+Prefix-cache entries
+--------------------
+Full-block entries live in the block pool (``cache_full_blocks``): a block is
+cached as soon as the step that fills it is scheduled, as vLLM does. Partial
+entries (a prefix ending inside a block, at a multiple of ``hash_block_size``)
+live here, in ``partial_hash_to_block``, because the pool keeps one hash per
+block. A partial entry names a prefix whose KV is already *computed* (it is
+recorded from ``request.num_computed_tokens``, which the scheduler advances
+after each step): a copy reads its source before the forward pass, so the
+source's valid slots must already hold real KV. Slots once written are never
+rewritten while a block is held, so an entry stays valid until the pool hands
+its block out again; it dies there (the same rule as the pool's: eviction at
+reuse).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .block_pool import BlockPool, InvariantError, KVCacheBlock
+from .hashing import BlockHash, hash_block_tokens
+
+__all__ = ["Request", "KVCacheManager", "PrefixCacheStats", "InvariantError"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _as_int(value, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_tokens(token_ids, what: str) -> list[int]:
+    tokens = list(token_ids)
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{what}[{i}] = {t!r} is not an integer token id")
+    return [int(t) for t in tokens]
+
+
+class Request:
+    """A request as the scheduler tracks it: its tokens, its progress, its block hashes.
+
+    ``block_hashes`` holds one chained hash per full *hash block* of
+    ``all_token_ids`` (``hash_block_size`` tokens each) and is kept current as
+    output tokens are appended. A request created without ``hash_block_size``
+    takes its manager's unit on first contact.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache. The
+    scheduler advances it after each step (the manager only reads it).
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16,
+                 *, hash_block_size: int | None = None):
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+        prompt = _check_tokens(prompt_token_ids, "prompt_token_ids")
+        if not prompt:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.max_tokens = _as_int(max_tokens, "max_tokens", 1)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt)
+        self.num_computed_tokens = 0
+        self.block_hashes: list[BlockHash] = []
+        self.hash_block_size: int | None = None
+        if hash_block_size is not None:
+            self.bind_hash_block_size(hash_block_size)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.max_tokens
+
+    def bind_hash_block_size(self, hash_block_size: int) -> None:
+        """Fix the prefix-match unit and compute the hashes (refused if a different unit is bound)."""
+        hash_block_size = _as_int(hash_block_size, "hash_block_size", 1)
+        if self.hash_block_size is not None:
+            if self.hash_block_size != hash_block_size:
+                raise ValueError(f"request {self.request_id!r} hashes {self.hash_block_size}-token blocks, "
+                                 f"not {hash_block_size}")
+            return
+        self.hash_block_size = hash_block_size
+        self._extend_hashes()
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append sampled tokens (one int or a list); full hash blocks get their hash at once."""
+        tokens = _check_tokens([token_ids] if isinstance(token_ids, numbers.Integral) and not isinstance(token_ids, bool)
+                               else token_ids, "token_ids")
+        if self.num_output_tokens + len(tokens) > self.max_tokens:
+            raise ValueError(f"request {self.request_id!r}: {len(tokens)} more tokens would exceed "
+                             f"max_tokens={self.max_tokens} (it has {self.num_output_tokens})")
+        self.output_token_ids.extend(tokens)
+        self.all_token_ids.extend(tokens)
+        self._extend_hashes()
+
+    def _extend_hashes(self) -> None:
+        h = self.hash_block_size
+        if h is None:
+            return
+        parent = self.block_hashes[-1] if self.block_hashes else None
+        for start in range(len(self.block_hashes) * h, self.num_tokens - h + 1, h):
+            parent = hash_block_tokens(parent, self.all_token_ids[start:start + h])
+            self.block_hashes.append(parent)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens}, max_tokens={self.max_tokens})")
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups since the last reset: requests looked up, tokens queried, tokens hit."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Blocks for requests: prefix hits, slot allocation, freeing, and copy-on-write of partial hits.
+
+    Args:
+        num_blocks: blocks in the pool, including the null block 0.
+        block_size: tokens per block.
+        enable_caching: prefix caching on or off.
+        hash_block_size: the prefix-match unit, a divisor of ``block_size``
+            (default: ``block_size``, so hits end on block boundaries and no copy
+            is ever needed).
+        watermark: fraction of the blocks an *admission* (a request's first
+            allocation) must leave free, so running requests can keep growing.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 hash_block_size: int | None = None, watermark: float = 0.0):
+        self.block_size = _as_int(block_size, "block_size", 1)
+        hash_block_size = self.block_size if hash_block_size is None else _as_int(hash_block_size, "hash_block_size", 1)
+        if self.block_size % hash_block_size:
+            raise ValueError(f"hash_block_size={hash_block_size} must divide block_size={self.block_size}")
+        if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+        self.block_pool = BlockPool(_as_int(num_blocks, "num_blocks", 2), enable_caching)
+        self.enable_caching = bool(enable_caching)
+        self.hash_block_size = hash_block_size
+        self.hashes_per_block = self.block_size // hash_block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+        # request id -> its blocks in logical order (the scheduler-side block table).
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request id -> how many of its leading full blocks are in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        # request id -> how many of its leading hash blocks have had their partial entry considered.
+        self.num_partial_recorded: dict[str, int] = {}
+        # Partial prefix entries: hash -> (block, valid tokens in it); reverse index per block id.
+        self.partial_hash_to_block: dict[BlockHash, tuple[KVCacheBlock, int]] = {}
+        self._partial_hashes_by_block: dict[int, set[BlockHash]] = {}
+        # Copy-on-write pairs: recorded, then handed to the worker, then acknowledged.
+        self._pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        self._inflight_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        self._stats = PrefixCacheStats()
+
+    # ------------------------------------------------------------- queries
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use (the null block excluded)."""
+        return self.block_pool.get_usage()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self._stats
+
+    def reset_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Return the statistics so far and start counting afresh."""
+        stats, self._stats = self._stats, PrefixCacheStats()
+        return stats
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as block ids."""
+        return [b.block_id for b in self._blocks_of(request_id)]
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    # ------------------------------------------------------- prefix lookup
+    def _bind(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            raise TypeError(f"expected a Request, got {type(request).__name__} {request!r}")
+        request.bind_hash_block_size(self.hash_block_size)
+
+    def _find_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix, without touching anything."""
+        r, B, h = self.hashes_per_block, self.block_size, self.hash_block_size
+        max_hit = request.num_tokens - 1  # the last token is always recomputed
+        hashes = request.block_hashes
+        blocks: list[KVCacheBlock] = []
+        while (len(blocks) + 1) * B <= max_hit:
+            block = self.block_pool.get_cached_block(hashes[(len(blocks) + 1) * r - 1])
+            if block is None:
+                break
+            blocks.append(block)
+        num_tokens = len(blocks) * B
+        # A finer match unit can extend the hit into the next block: longest entry first.
+        base = len(blocks) * r
+        for k in range(r - 1, 0, -1):
+            if num_tokens + k * h <= max_hit and base + k - 1 < len(hashes):
+                entry = self.partial_hash_to_block.get(hashes[base + k - 1])
+                if entry is not None:
+                    blocks.append(entry[0])
+                    num_tokens += k * h
+                    break
+        return blocks, num_tokens
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of a new request: ``(blocks, num_computed_tokens)``.
+
+        Stops at the first miss; capped at ``request.num_tokens - 1`` tokens.
+        When the hit ends inside a block, the last block is shared and only
+        partly valid: ``allocate_slots`` will give the request a private copy.
+        Counts one lookup in the prefix-cache statistics; changes nothing else.
+        """
+        self._bind(request)
+        if request.request_id in self.req_to_blocks:
+            raise ValueError(f"request {request.request_id!r} already holds blocks; look up new requests only")
+        if not self.enable_caching:
+            return [], 0
+        blocks, num_tokens = self._find_hit(request)
+        s = self._stats
+        self._stats = PrefixCacheStats(s.requests + 1, s.queries + request.num_tokens, s.hits + num_tokens)
+        return blocks, num_tokens
+
+    # ---------------------------------------------------------- allocation
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` tokens (after any prefix hit); return the new blocks or ``None``.
+
+        Args:
+            request: the request; its ``num_computed_tokens`` is where this step starts.
+            num_new_tokens: tokens computed this step (at least 1).
+            num_new_computed_tokens, new_computed_blocks: a prefix hit from
+                ``get_computed_blocks``, for a request that holds no blocks yet.
+            num_lookahead_tokens: extra slots (speculative tokens), not cached.
+
+        Returns the blocks allocated by this call (a copy-on-write block first,
+        if any), or ``None`` when they do not fit; then nothing has changed.
+        Raises ``TypeError``/``ValueError`` for bad arguments, also before any change.
+        """
+        self._bind(request)
+        B, h, r = self.block_size, self.hash_block_size, self.hashes_per_block
+        num_new_tokens = _as_int(num_new_tokens, "num_new_tokens", 1)
+        num_new_computed_tokens = _as_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
+        num_lookahead_tokens = _as_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
+        hit = list(new_computed_blocks or [])
+        rid = request.request_id
+        req_blocks = self.req_to_blocks.get(rid, [])
+        if (hit or num_new_computed_tokens) and req_blocks:
+            raise ValueError(f"request {rid!r} already holds blocks; a prefix hit applies to a new request only")
+        if _cdiv(num_new_computed_tokens, B) != len(hit):
+            raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not match "
+                             f"{len(hit)} new_computed_blocks of {B} tokens")
+        if not req_blocks and request.num_computed_tokens:
+            raise ValueError(f"request {rid!r} holds no blocks but says num_computed_tokens="
+                             f"{request.num_computed_tokens} (reset it to 0 after preemption)")
+        if request.num_computed_tokens > len(req_blocks) * B:
+            raise ValueError(f"request {rid!r} says num_computed_tokens={request.num_computed_tokens}, "
+                             f"more than its {len(req_blocks)} blocks hold")
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        if num_computed + num_new_tokens > request.num_tokens:
+            raise ValueError(f"request {rid!r} has {request.num_tokens} tokens; cannot compute "
+                             f"{num_new_tokens} after {num_computed}")
+        if hit:
+            self._validate_hit(request, hit, num_new_computed_tokens)
+        partial_hit = bool(hit) and num_new_computed_tokens % B != 0
+
+        # The capacity test: one subtraction.
+        num_required = _cdiv(num_computed + num_new_tokens + num_lookahead_tokens, B)
+        num_new_blocks = max(num_required - len(req_blocks) - len(hit), 0)
+        num_to_allocate = num_new_blocks + partial_hit  # the private copy is one more block
+        num_evictable_hits = sum(1 for b in hit if b.ref_cnt == 0)  # touching takes them off the queue
+        watermark = self.watermark_blocks if not req_blocks else 0
+        if num_to_allocate + num_evictable_hits > self.block_pool.get_num_free_blocks() - watermark:
+            return None
+
+        # From here on nothing can fail. Touch hits first, so the pops below cannot take them.
+        self.block_pool.touch(hit)
+        req_blocks = self.req_to_blocks.setdefault(rid, req_blocks)
+        req_blocks.extend(hit)
+        self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
+        self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
+        new_blocks = self._get_new_blocks(num_to_allocate)
+        if partial_hit:
+            cow = new_blocks[0]
+            self._apply_cow(req_blocks, len(hit) - 1, cow)
+        req_blocks.extend(new_blocks[partial_hit:])
+
+        # Full blocks are cached as soon as the step that fills them is scheduled.
+        if self.enable_caching:
+            num_full = min(num_computed + num_new_tokens, request.num_tokens) // B
+            if num_full > self.num_cached_block[rid]:
+                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
+                                                  self.num_cached_block[rid], num_full)
+                self.num_cached_block[rid] = num_full
+            self._record_partial_entries(request)
+        return new_blocks
+
+    def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
+        """A hit must still be what ``get_computed_blocks`` would say now (nothing evicted in between)."""
+        expected, expected_tokens = self._find_hit(request) if self.enable_caching else ([], 0)
+        if expected_tokens < num_tokens or any(a is not b for a, b in zip(hit, expected[:len(hit)])) \
+                or num_tokens % self.hash_block_size:
+            raise ValueError(f"stale or foreign prefix hit for request {request.request_id!r}: "
+                             f"blocks {[b.block_id for b in hit]} with {num_tokens} tokens are not cached for it")
+        if num_tokens % self.block_size and (expected_tokens != num_tokens):
+            raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
+                             f"{expected_tokens} tokens, not {num_tokens}")
+
+    def _get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        blocks = self.block_pool.get_new_blocks(n)
+        for block in blocks:  # reuse evicts: the pool drops full entries, we drop partial ones
+            for block_hash in self._partial_hashes_by_block.pop(block.block_id, ()):
+                del self.partial_hash_to_block[block_hash]
+        return blocks
+
+    def _apply_cow(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
+        """Redirect a partially valid shared block to a private copy (the one non-append table write).
+
+        ``source`` keeps the reference its prefix hit took; ``cow`` takes one more
+        beyond the request's own. Both are released by ``acknowledge_copies``.
+        """
+        source = req_blocks[block_idx]
+        req_blocks[block_idx] = cow
+        cow.ref_cnt += 1  # the pending copy's reference (the block is out of the free queue)
+        self._pending_copies.append((source, cow))
+
+    def _record_partial_entries(self, request: Request) -> None:
+        """Enter partial prefixes whose KV is computed (``request.num_computed_tokens``) into the cache.
+
+        One entry per hash block that ends inside a block. A block that is the
+        destination of an outstanding copy holds no valid KV until the copy is
+        acknowledged: stop there and retry next time.
+        """
+        r, h = self.hashes_per_block, self.hash_block_size
+        rid = request.request_id
+        if r == 1 or not self.enable_caching:
+            return
+        blocks = self.req_to_blocks[rid]
+        busy = {id(dst) for _, dst in self._pending_copies + self._inflight_copies}
+        j = self.num_partial_recorded[rid]
+        end = min(request.num_computed_tokens // h, len(request.block_hashes), len(blocks) * r)
+        while j < end:
+            block = blocks[j // r]
+            if id(block) in busy:
+                break
+            if (j + 1) % r:
+                block_hash = request.block_hashes[j]
+                if block_hash not in self.partial_hash_to_block:
+                    self.partial_hash_to_block[block_hash] = (block, (j % r + 1) * h)
+                    self._partial_hashes_by_block.setdefault(block.block_id, set()).add(block_hash)
+            j += 1
+        self.num_partial_recorded[rid] = j
+
+    # ---------------------------------------------------------- copy-on-write
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Hand this step's copy-on-write pairs ``(src, dst)`` to the worker.
+
+        The worker runs them (``copy_blocks``) before the forward pass. The pairs
+        stay referenced until ``acknowledge_copies`` is called with them.
+        """
+        taken = self._pending_copies
+        self._pending_copies = []
+        self._inflight_copies.extend(taken)
+        return [(s.block_id, d.block_id) for s, d in taken]
+
+    def acknowledge_copies(self, block_pairs: Iterable[tuple[int, int]]) -> None:
+        """The worker has run these taken copies: release the references that kept both ends alive."""
+        pairs = [tuple(p) for p in block_pairs]
+        inflight = {(s.block_id, d.block_id): (s, d) for s, d in self._inflight_copies}
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"a copy is acknowledged twice in {pairs}")
+        for p in pairs:
+            if p not in inflight:
+                pending = any((s.block_id, d.block_id) == p for s, d in self._pending_copies)
+                why = "was not taken yet" if pending else "is not an outstanding copy"
+                raise ValueError(f"copy {p} {why}")
+        done = {p for p in pairs}
+        self._inflight_copies = [(s, d) for s, d in self._inflight_copies if (s.block_id, d.block_id) not in done]
+        to_free = [b for p in pairs for b in (inflight[p][1], inflight[p][0])]
+        self.block_pool.free_blocks(to_free)
+
+    @property
+    def outstanding_copies(self) -> list[tuple[int, int]]:
+        """Copies recorded but not yet acknowledged (pending first, then in flight)."""
+        return [(s.block_id, d.block_id) for s, d in self._pending_copies + self._inflight_copies]
+
+    # --------------------------------------------------------------- freeing
+    def free(self, request: Request | str) -> None:
+        """Free a finished or preempted request's blocks, tail first (the tail is evicted first).
+
+        Computed partial prefixes are entered into the cache before the blocks go
+        back, so a request that returns can hit them until they are reused.
+        """
+        rid = request if isinstance(request, str) else getattr(request, "request_id", None)
+        blocks = self._blocks_of(rid)
+        if isinstance(request, Request) and self.enable_caching:
+            self._record_partial_entries(request)
+        del self.req_to_blocks[rid], self.num_cached_block[rid], self.num_partial_recorded[rid]
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def _blocks_of(self, request_id) -> list[KVCacheBlock]:
+        if not isinstance(request_id, str):
+            raise TypeError(f"expected a Request or a request id, got {type(request_id).__name__} {request_id!r}")
+        try:
+            return self.req_to_blocks[request_id]
+        except KeyError:
+            raise KeyError(f"request {request_id!r} holds no blocks (never allocated, or already freed)") from None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, full and partial; refused (False) while any block is in use."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.partial_hash_to_block.clear()
+        self._partial_hashes_by_block.clear()
+        return True
+
+    # ------------------------------------------------------------ invariants
+    def check(self) -> None:
+        """Verify the pool's invariants and the manager's; raise ``InvariantError`` naming the broken one."""
+
+        def require(ok: bool, name: str, detail: str) -> None:
+            if not ok:
+                raise InvariantError(f"invariant '{name}' broken: {detail}")
+
+        pool = self.block_pool
+        pool.check()
+        expected = [0] * pool.num_gpu_blocks
+        for rid, blocks in self.req_to_blocks.items():
+            require(len({id(b) for b in blocks}) == len(blocks), "a table has no duplicate blocks",
+                    f"{rid!r}: {[b.block_id for b in blocks]}")
+            for b in blocks:
+                require(pool._owns(b) and not b.is_null, "tables hold pool blocks", f"{rid!r} holds {b!r}")
+                expected[b.block_id] += 1
+            require(0 <= self.num_cached_block[rid] <= len(blocks), "cached count within the table",
+                    f"{rid!r}: {self.num_cached_block[rid]} of {len(blocks)}")
+            for b in blocks[:self.num_cached_block[rid]]:
+                require(not self.enable_caching or b.block_hash is not None, "counted cached blocks hold a hash",
+                        f"{rid!r} block {b.block_id}")
+        copies = self._pending_copies + self._inflight_copies
+        dsts = [d.block_id for _, d in copies]
+        require(len(set(dsts)) == len(dsts), "no block is the dst of two outstanding copies", f"dsts {dsts}")
+        for s, d in copies:
+            expected[s.block_id] += 1
+            expected[d.block_id] += 1
+        for b in pool.blocks[1:]:
+            require(b.ref_cnt == expected[b.block_id], "ref_cnt = table entries + outstanding copy ends",
+                    f"block {b.block_id} has ref_cnt {b.ref_cnt}, expected {expected[b.block_id]}")
+        for block_hash, (block, n) in self.partial_hash_to_block.items():
+            require(pool._owns(block) and not block.is_null, "partial entries name pool blocks", f"{block!r}")
+            require(0 < n < self.block_size and n % self.hash_block_size == 0,
+                    "a partial entry ends inside its block at a hash-block boundary", f"{n} tokens")
+            require(block_hash in self._partial_hashes_by_block.get(block.block_id, ()),
+                    "partial index agrees both ways", f"block {block.block_id}")
+        n_index = sum(len(v) for v in self._partial_hashes_by_block.values())
+        require(n_index == len(self.partial_hash_to_block), "partial index agrees both ways",
+                f"{n_index} indexed, {len(self.partial_hash_to_block)} entries")

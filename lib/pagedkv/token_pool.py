@@ -1,0 +1,377 @@
+"""SGLang's token-level KV indexing: the other end of the block-size axis.
+
+vLLM indexes KV memory per block: a request's row in the block table holds one
+int32 per block. SGLang (Zheng et al., 2023) indexes it per token, in two
+levels:
+
+- ``ReqToTokenPool.req_to_token[req, pos]`` is the KV slot of token ``pos`` of
+  request ``req``: one int32 per token of the context window, for every
+  request row. Row 0 is padding: a padded batch points its dummy requests at
+  row 0, so their reads and writes land somewhere harmless.
+- ``TokenToKVPoolAllocator`` hands out those slots one token at a time from a
+  free list kept as a tensor (allocation is a slice, freeing a concatenation).
+  Slot 0 is reserved: padded tokens write their dummy K/V there.
+- ``PagedTokenToKVPoolAllocator`` hands them out a page at a time but still
+  returns one slot per token, so ``req_to_token`` stays token-level. A prefill
+  that extends a prefix must then (1) fill the rest of the prefix's partial
+  last page, (2) take whole new pages, (3) start a partial final page:
+  ``alloc_extend``'s three cases, which vLLM never needs because its table is
+  the page list itself.
+
+This is our code with SGLang's names and semantics. To make ``check()``
+possible (free and allocated must partition the pool; nothing is handed out
+twice) each allocator also keeps a boolean "allocated" mask beside its free
+list; SGLang trusts its callers instead.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ._device import default_device
+
+__all__ = ["ReqToTokenPool", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"]
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _index_tensor(x, name: str) -> torch.Tensor:
+    """A 1-D int64 CPU tensor from a tensor, array or sequence of ints (for validation)."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    if t.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t.to("cpu", torch.int64)
+
+
+class ReqToTokenPool:
+    """``req_to_token``: ``[size + 1, max_context_len]`` int32, the KV slot of every token of every request.
+
+    Rows ``1..size`` are handed to requests by ``alloc``; row 0 is the padding
+    row and is never handed out.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device | str | None = None):
+        self.size = _positive_int(size, "size")
+        self.max_context_len = _positive_int(max_context_len, "max_context_len")
+        self.device = torch.device(device) if device is not None else default_device()
+        # +1 for the padding row 0.
+        self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_slots: list[int] = list(range(1, self.size + 1))
+        self._allocated: set[int] = set()
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int = 1) -> list[int] | None:
+        """``need_size`` free rows, or None (and no change) when fewer are free."""
+        n = _count(need_size, "need_size")
+        if n > len(self.free_slots):
+            return None
+        rows, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        self._allocated.update(rows)
+        return rows
+
+    def free(self, free_index: int | list[int]) -> None:
+        """Return rows to the pool. Every row must be allocated, and listed once."""
+        rows = [free_index] if isinstance(free_index, numbers.Integral) else list(free_index)
+        for r in rows:
+            if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+                raise TypeError(f"request rows are ints, got {type(r).__name__} {r!r}")
+            if r not in self._allocated:
+                what = "the padding row" if r == 0 else "not allocated" if 1 <= r <= self.size else "out of range"
+                raise ValueError(f"cannot free request row {r}: {what}")
+        if len(set(rows)) != len(rows):
+            dup = next(r for r in rows if rows.count(r) > 1)
+            raise ValueError(f"request row {dup} appears twice in one free()")
+        self.free_slots.extend(int(r) for r in rows)
+        self._allocated.difference_update(rows)
+
+    def write(self, indices: tuple[int, slice], values) -> None:
+        """``req_to_token[indices] = values`` for an allocated row, as SGLang's ``write``."""
+        row, cols = indices
+        if isinstance(row, bool) or not isinstance(row, numbers.Integral) or row not in self._allocated:
+            raise ValueError(f"cannot write request row {row!r}: not an allocated row")
+        if not isinstance(cols, slice):
+            raise TypeError(f"columns must be a slice, got {type(cols).__name__}")
+        start, stop, step = cols.indices(self.max_context_len)
+        if step != 1 or (cols.stop is not None and cols.stop > self.max_context_len):
+            raise IndexError(f"columns {cols} fall outside the context window of {self.max_context_len}")
+        vals = torch.as_tensor(values).to(self.device, torch.int32)
+        if vals.numel() != max(stop - start, 0):
+            raise ValueError(f"{vals.numel()} values for {max(stop - start, 0)} columns {cols}")
+        self.req_to_token[row, start:stop] = vals
+
+    @property
+    def metadata_bytes(self) -> int:
+        """Bytes of ``req_to_token``, padding row included."""
+        return self.req_to_token.numel() * self.req_to_token.element_size()
+
+    def check(self) -> None:
+        """Free and allocated rows partition 1..size; row 0 is in neither."""
+        free = self.free_slots
+        if len(set(free)) != len(free):
+            raise AssertionError("no row is free twice: free_slots has duplicates")
+        if set(free) & self._allocated:
+            raise AssertionError(f"a row is never both free and allocated: {sorted(set(free) & self._allocated)}")
+        if set(free) | self._allocated != set(range(1, self.size + 1)):
+            raise AssertionError("free and allocated rows cover exactly 1..size (row 0 is padding)")
+
+
+class TokenToKVPoolAllocator:
+    """Hands out KV slots one token at a time: slots ``1..size``; slot 0 is the padding slot.
+
+    The free list is an int64 tensor: ``alloc(n)`` slices its head, ``free``
+    appends at its tail, so slots are reused in the order they were freed.
+    """
+
+    page_size = 1
+
+    def __init__(self, size: int, device: torch.device | str | None = None):
+        self.size = _positive_int(size, "size")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.clear()
+
+    def clear(self) -> None:
+        # Slot 0 is never free: padded tokens write their dummy K/V there.
+        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._allocated = torch.zeros(self.size + 1, dtype=torch.bool)
+
+    def available_size(self) -> int:
+        return len(self.free_pages)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots as an int64 tensor, or None (and no change) when short."""
+        n = _count(need_size, "need_size")
+        if n > len(self.free_pages):
+            return None
+        select, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        self._allocated[select.cpu()] = True
+        return select
+
+    def free(self, free_index) -> None:
+        """Return slots to the pool. Each must be allocated and listed once."""
+        idx = _index_tensor(free_index, "free_index")
+        if idx.numel() == 0:
+            return
+        bad = (idx < 1) | (idx > self.size)
+        if bool(bad.any()):
+            v = int(idx[bad][0])
+            raise ValueError(f"cannot free slot {v}: " + ("slot 0 is the padding slot" if v == 0 else f"outside 1..{self.size}"))
+        not_held = ~self._allocated[idx]
+        if bool(not_held.any()):
+            raise ValueError(f"cannot free slot {int(idx[not_held][0])}: it is not allocated (double free?)")
+        uniq, counts = torch.unique(idx, return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"slot {int(uniq[counts > 1][0])} appears twice in one free()")
+        self._allocated[idx] = False
+        self.free_pages = torch.cat((self.free_pages, idx.to(self.device)))
+
+    def check(self) -> None:
+        """No slot is free twice; free and allocated partition 1..size; slot 0 is in neither."""
+        free = self.free_pages.cpu()
+        if free.numel() and (int(free.min()) < 1 or int(free.max()) > self.size):
+            raise AssertionError(f"free slots lie in 1..{self.size}: found {free.min().item()}..{free.max().item()}")
+        if torch.unique(free).numel() != free.numel():
+            raise AssertionError("no slot is free twice: the free list has duplicates")
+        if bool(self._allocated[0]):
+            raise AssertionError("slot 0 (padding) is never allocated")
+        if bool(self._allocated[free].any()):
+            raise AssertionError("a slot is never both free and allocated")
+        if free.numel() + int(self._allocated.sum()) != self.size:
+            raise AssertionError(
+                f"free and allocated cover every slot: {free.numel()} free + "
+                f"{int(self._allocated.sum())} allocated != {self.size}"
+            )
+
+
+class PagedTokenToKVPoolAllocator:
+    """Hands out whole pages of ``page_size`` slots but returns one slot per token.
+
+    Page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``; pages
+    ``1..num_pages`` are allocatable and page 0 is the padding page. A token
+    at position ``pos`` of a request always sits at offset ``pos % page_size``
+    of its page, which is what lets a page-based attention kernel read the
+    request's slots as pages.
+    """
+
+    def __init__(self, size: int, page_size: int, device: torch.device | str | None = None):
+        self.size = _positive_int(size, "size")
+        self.page_size = _positive_int(page_size, "page_size")
+        self.num_pages = self.size // self.page_size
+        if self.num_pages < 1:
+            raise ValueError(f"size {size} holds no whole page of {page_size} slots")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self._allocated = torch.zeros(self.num_pages + 1, dtype=torch.bool)  # by page
+
+    def available_size(self) -> int:
+        """Free slots (whole free pages times page_size)."""
+        return len(self.free_pages) * self.page_size
+
+    def _take_pages(self, n: int) -> torch.Tensor:
+        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        self._allocated[pages.cpu()] = True
+        return pages.cpu()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots filling whole pages (need_size must be a multiple of page_size)."""
+        n = _count(need_size, "need_size")
+        if n % self.page_size:
+            raise ValueError(f"need_size {n} is not a multiple of page_size {self.page_size}")
+        if n // self.page_size > len(self.free_pages):
+            return None
+        pages = self._take_pages(n // self.page_size)
+        slots = pages[:, None] * self.page_size + torch.arange(self.page_size)
+        return slots.reshape(-1).to(self.device)
+
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens: int | None = None) -> torch.Tensor | None:
+        """Slots for tokens ``[prefix_lens[i], seq_lens[i])`` of each request, concatenated.
+
+        ``last_loc[i]`` is the slot of the request's last prefix token (``-1``
+        when the prefix is empty). For each request, in order:
+
+        1. fill the rest of the prefix's partial last page (slots after ``last_loc``);
+        2. take whole new pages for the full pages that follow;
+        3. take one more page for a partial final page, if the sequence ends inside one.
+
+        Returns None, changing nothing, when the free pages do not cover all requests.
+        """
+        ps = self.page_size
+        prefix = _index_tensor(prefix_lens, "prefix_lens")
+        seq = _index_tensor(seq_lens, "seq_lens")
+        last = _index_tensor(last_loc, "last_loc")
+        if not (prefix.shape == seq.shape == last.shape):
+            raise ValueError(
+                f"prefix_lens, seq_lens and last_loc must have one entry per request, got "
+                f"{prefix.numel()}, {seq.numel()}, {last.numel()}"
+            )
+        bad = (prefix < 0) | (seq < prefix)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"request {i}: need 0 <= prefix_len <= seq_len, got {int(prefix[i])} and {int(seq[i])}")
+        bad = (last + 1) % ps != prefix % ps
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"request {i}: last_loc {int(last[i])} does not sit at offset (prefix_len - 1) % page_size "
+                f"= {(int(prefix[i]) - 1) % ps} of its page (prefix_len {int(prefix[i])}, page_size {ps})"
+            )
+        partial = (prefix % ps != 0) & (seq > prefix)  # requests that write into their prefix's last page
+        tail_pages = last[partial] // ps
+        held = (tail_pages >= 1) & (tail_pages <= self.num_pages)
+        held &= self._allocated[tail_pages.clamp(0, self.num_pages)]
+        if not bool(held.all()):
+            i = int(partial.nonzero()[~held][0, 0])
+            raise ValueError(
+                f"request {i}: last_loc {int(last[i])} points into page {int(tail_pages[~held][0])}, "
+                "which is not an allocated page"
+            )
+        if torch.unique(tail_pages).numel() != tail_pages.numel():
+            raise ValueError("two requests extend the same partial page; its free slots would be handed out twice")
+        extend = seq - prefix
+        if extend_num_tokens is not None and _count(extend_num_tokens, "extend_num_tokens") != int(extend.sum()):
+            raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens) = {int(extend.sum())}")
+
+        # Pages each request needs beyond those its prefix already touches.
+        num_new_pages = (seq + ps - 1) // ps - (prefix + ps - 1) // ps
+        if int(num_new_pages.sum()) > len(self.free_pages):
+            return None
+        new_pages = self._take_pages(int(num_new_pages.sum()))
+
+        offsets = torch.arange(ps)
+        out, next_page = [], 0
+        for i in range(prefix.numel()):
+            p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
+            prefix_page_end = -(-p // ps) * ps  # first position past the prefix's last page
+            # Case 1: the rest of the prefix's partial last page.
+            n1 = min(s, prefix_page_end) - p
+            if n1 > 0:
+                out.append(loc + 1 + offsets[:n1])
+            # Case 2: whole new pages.
+            n_full = max(s // ps - prefix_page_end // ps, 0)
+            if n_full:
+                pages = new_pages[next_page : next_page + n_full]
+                out.append((pages[:, None] * ps + offsets).reshape(-1))
+                next_page += n_full
+            # Case 3: a partial final page, when the sequence ends inside a page of its own.
+            n3 = s % ps if s > prefix_page_end else 0
+            if n3:
+                out.append(new_pages[next_page] * ps + offsets[:n3])
+                next_page += 1
+        assert next_page == new_pages.numel(), "every page taken was placed"
+        result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+        return result.to(self.device)
+
+    def alloc_decode(self, seq_lens, last_loc) -> torch.Tensor | None:
+        """One slot per request for its next token; ``seq_lens`` already counts that token.
+
+        The slot is ``last_loc + 1`` unless the new token starts a page, in
+        which case it is the first slot of a fresh page.
+        """
+        seq = _index_tensor(seq_lens, "seq_lens")
+        bad = seq < 1
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"request {i}: seq_len {int(seq[i])} must count the new token (>= 1)")
+        return self.alloc_extend(seq - 1, seq, last_loc)
+
+    def free(self, free_index) -> None:
+        """Free the pages holding these slots (a page is freed whole, as in SGLang)."""
+        idx = _index_tensor(free_index, "free_index")
+        if idx.numel() == 0:
+            return
+        pages = torch.unique(idx // self.page_size)
+        bad = (pages < 1) | (pages > self.num_pages)
+        if bool(bad.any()):
+            v = int(pages[bad][0])
+            raise ValueError(
+                f"cannot free page {v}: " + ("page 0 is the padding page" if v == 0 else f"outside 1..{self.num_pages}")
+                + f" (slots {v * self.page_size}..{(v + 1) * self.page_size - 1})"
+            )
+        not_held = ~self._allocated[pages]
+        if bool(not_held.any()):
+            raise ValueError(f"cannot free page {int(pages[not_held][0])}: it is not allocated (double free?)")
+        self._allocated[pages] = False
+        # Freed pages go to the head: they are reused first (as in SGLang's paged allocator).
+        self.free_pages = torch.cat((pages.to(self.device), self.free_pages))
+
+    def check(self) -> None:
+        """No page is free twice; free and allocated pages partition 1..num_pages; page 0 is in neither."""
+        free = self.free_pages.cpu()
+        if free.numel() and (int(free.min()) < 1 or int(free.max()) > self.num_pages):
+            raise AssertionError(f"free pages lie in 1..{self.num_pages}: found {free.min().item()}..{free.max().item()}")
+        if torch.unique(free).numel() != free.numel():
+            raise AssertionError("no page is free twice: the free list has duplicates")
+        if bool(self._allocated[0]):
+            raise AssertionError("page 0 (padding) is never allocated")
+        if bool(self._allocated[free].any()):
+            raise AssertionError("a page is never both free and allocated")
+        if free.numel() + int(self._allocated.sum()) != self.num_pages:
+            raise AssertionError(
+                f"free and allocated cover every page: {free.numel()} free + "
+                f"{int(self._allocated.sum())} allocated != {self.num_pages}"
+            )

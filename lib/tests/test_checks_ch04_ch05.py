@@ -1,0 +1,196 @@
+"""The chapter 4 and 5 checkers: right answers pass, each kind of wrong answer fails the right property."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+import pagedkv  # noqa: F401  -- fixes the Triton mode before the kernels below are defined
+from pagedkv import checks
+
+
+def verdicts(report):
+    return [r.passed for r in report.results]
+
+
+# -- chapter 4: the slot mapping in numpy ----------------------------------------------------------
+
+
+def slots_np(block_table, req_indices, positions, block_size):
+    real = req_indices >= 0
+    rows = np.where(real, req_indices, 0)
+    blocks = block_table[rows, positions // block_size].astype(np.int64)
+    return np.where(real, blocks * block_size + positions % block_size, -1).astype(np.int64)
+
+
+def test_ch04_solution_passes_every_property(capsys):
+    assert checks.check_slot_mapping_numpy(slots_np)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 6
+
+
+def test_ch04_int32_arithmetic_fails_dtype_and_overflow_only():
+    def int32_slots(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        blocks = block_table[np.where(real, req_indices, 0), positions // block_size]  # stays int32
+        return np.where(real, blocks * block_size + (positions % block_size).astype(np.int32), -1).astype(np.int32)
+
+    report = checks.check_slot_mapping_numpy(int32_slots)
+    assert verdicts(report) == [True, False, True, False, True, True]
+    assert "expected dtype int64, got int32" in report.results[1].detail
+
+
+def test_ch04_forgetting_padding_fails_padding_and_random():
+    def no_padding(block_table, req_indices, positions, block_size):
+        blocks = block_table[req_indices, positions // block_size].astype(np.int64)
+        return blocks * block_size + positions % block_size
+
+    report = checks.check_slot_mapping_numpy(no_padding)
+    assert verdicts(report) == [True, True, False, True, False, True]
+    assert "expected slot -1" in report.results[2].detail
+
+
+def test_ch04_mutating_the_input_is_caught():
+    def mutates(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        req_indices[~real] = 0  # in place: the caller's array changes
+        blocks = block_table[req_indices, positions // block_size].astype(np.int64)
+        return np.where(real, blocks * block_size + positions % block_size, -1)
+
+    report = checks.check_slot_mapping_numpy(mutates)
+    assert verdicts(report) == [True, True, True, True, True, False]
+    assert "req_indices was modified" in report.results[5].detail
+
+
+def test_ch04_stub_crash_and_wrong_type_are_red_lines():
+    def stub(*args):
+        raise NotImplementedError
+
+    report = checks.check_slot_mapping_numpy(stub)
+    assert not report and all("not implemented yet" in r.detail for r in report.results)
+    report = checks.check_slot_mapping_numpy(lambda t, r, p, b: [0] * len(r))
+    assert verdicts(report)[1] is False and "expected a numpy array, got list" in report.results[1].detail
+    report = checks.check_slot_mapping_numpy(lambda t, r, p, b: t[r + 10])
+    assert not report and "raised IndexError" in report.results[0].detail
+
+
+# -- chapter 5: the kernels --------------------------------------------------------------------------
+
+
+@triton.jit
+def _slots_kernel(table_ptr, row_stride, req_ptr, pos_ptr, out_ptr, n, block_size,
+                  TILE: tl.constexpr, WIDEN: tl.constexpr, HANDLE_PADDING: tl.constexpr):
+    offs = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    in_range = offs < n
+    req = tl.load(req_ptr + offs, mask=in_range, other=-1)
+    pos = tl.load(pos_ptr + offs, mask=in_range, other=0)
+    is_real = req >= 0
+    if HANDLE_PADDING:
+        load_mask = in_range & is_real
+    else:
+        load_mask = in_range
+    block = tl.load(table_ptr + req * row_stride + pos // block_size, mask=load_mask, other=0)
+    if WIDEN:
+        block = block.to(tl.int64)
+    slot = block * block_size + pos % block_size
+    if HANDLE_PADDING:
+        slot = tl.where(is_real, slot, -1)
+    tl.store(out_ptr + offs, slot, mask=in_range)
+
+
+def make_slots_fn(widen=True, handle_padding=True, tile=64, one_program=False):
+    def fn(block_table, req_indices, positions, block_size):
+        n = req_indices.numel()
+        out = torch.empty(n, dtype=torch.int64, device=block_table.device)
+        grid = (1,) if one_program else (triton.cdiv(n, tile),)
+        _slots_kernel[grid](block_table, block_table.stride(0), req_indices, positions, out, n, block_size,
+                            TILE=tile, WIDEN=widen, HANDLE_PADDING=handle_padding)
+        return out
+
+    return fn
+
+
+@triton.jit
+def _kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, width, BLOCK: tl.constexpr,
+               SKIP_PADDING: tl.constexpr, SHIFT: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    if SKIP_PADDING:
+        mask = mask & (slot >= 0)
+    src = t * width + cols
+    dst = (slot + SHIFT) * width + cols
+    tl.store(kc_ptr + dst, tl.load(k_ptr + src, mask=mask), mask=mask)
+    tl.store(vc_ptr + dst, tl.load(v_ptr + src, mask=mask), mask=mask)
+
+
+def make_kv_fn(skip_padding=True, shift=0):
+    def fn(key, value, key_cache, value_cache, slot_mapping):
+        width = key.shape[1] * key.shape[2]
+        _kv_kernel[(key.shape[0],)](key, value, key_cache, value_cache, slot_mapping, width,
+                                    BLOCK=triton.next_power_of_2(width), SKIP_PADDING=skip_padding, SHIFT=shift)
+
+    return fn
+
+
+def test_ch05_slot_kernel_solution_passes(capsys):
+    assert checks.check_slot_mapping_kernel(make_slots_fn())
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 6
+
+
+def test_ch05_int32_multiply_fails_only_the_overflow_property():
+    report = checks.check_slot_mapping_kernel(make_slots_fn(widen=False))
+    assert verdicts(report) == [True, True, True, True, False, True]
+
+
+def test_ch05_no_padding_handling_is_caught_without_a_crash():
+    report = checks.check_slot_mapping_kernel(make_slots_fn(handle_padding=False))
+    assert verdicts(report)[2] is False and verdicts(report)[5] is False
+    assert "it read outside the block table" in report.results[2].detail
+
+
+def test_ch05_one_program_misses_tokens():
+    report = checks.check_slot_mapping_kernel(make_slots_fn(one_program=True))
+    assert verdicts(report)[3] is False  # 1,000 tokens, only the first 64 mapped
+    assert verdicts(report)[0] is True
+
+
+def test_ch05_slot_kernel_hang_and_wrong_type_are_red_lines():
+    def hangs(*args):
+        while True:
+            pass
+
+    report = checks.check_slot_mapping_kernel(hangs, timeout=0.2)
+    assert not report and all("no answer within" in r.detail for r in report.results)
+    report = checks.check_slot_mapping_kernel(lambda t, r, p, b: r.tolist())
+    assert not report and "expected a torch.Tensor, got list" in report.results[0].detail
+
+
+def test_ch05_kv_kernel_solution_passes(capsys):
+    assert checks.check_kv_write_kernel(make_kv_fn())
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 6
+
+
+def test_ch05_kv_kernel_writing_padding_hits_the_guard():
+    report = checks.check_kv_write_kernel(make_kv_fn(skip_padding=False))
+    assert verdicts(report)[1] is False
+    assert "wrote before key_cache's memory" in report.results[1].detail
+
+
+def test_ch05_kv_kernel_off_by_one_slot_fails_every_write_property():
+    report = checks.check_kv_write_kernel(make_kv_fn(shift=1))
+    assert verdicts(report) == [False, True, False, False, False, False]
+    assert "should hold token" in report.results[0].detail or "changed" in report.results[0].detail
+
+
+def test_ch05_kv_stub_is_not_implemented():
+    def stub(*args):
+        raise NotImplementedError
+
+    report = checks.check_kv_write_kernel(stub)
+    assert not report and all("not implemented yet" in r.detail for r in report.results)
