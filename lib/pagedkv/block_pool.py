@@ -527,7 +527,8 @@ class BlockPool:
             self._emit(PoolEvent("free", tuple([b.block_id for b in blocks]),
                                  _run_ids(head_first, head_last), _run_ids(tail_first, tail_last)))
 
-    def _owns(self, block: KVCacheBlock) -> bool:
+    def owns(self, block: KVCacheBlock) -> bool:
+        """True when ``block`` is one of this pool's blocks (not a look-alike from another pool)."""
         block_id = block.block_id
         return type(block_id) is int and 0 <= block_id < self.num_gpu_blocks and self.blocks[block_id] is block
 
@@ -536,7 +537,7 @@ class BlockPool:
             return TypeError(f"free_blocks expects KVCacheBlock, got {type(block).__name__} {block!r}")
         if block.is_null:
             return ValueError("cannot free the null block (block 0 is never allocated)")
-        if not self._owns(block):
+        if not self.owns(block):
             return ValueError(f"block {block.block_id} does not belong to this pool")
         return ValueError(
             f"cannot free block {block.block_id}: its ref_cnt is already {block.ref_cnt} "
@@ -556,7 +557,7 @@ class BlockPool:
                 raise TypeError(f"touch expects KVCacheBlock, got {type(block).__name__} {block!r}")
             if block.is_null:
                 raise ValueError("cannot touch the null block (it is never shared)")
-            if not self._owns(block):
+            if not self.owns(block):
                 raise ValueError(f"block {block.block_id} does not belong to this pool")
         queue = self.free_block_queue
         for block in blocks:
@@ -607,7 +608,7 @@ class BlockPool:
                 raise TypeError(f"blocks[{i}] is {type(block).__name__} {block!r}, not a KVCacheBlock")
             if block.is_null:
                 continue
-            if not self._owns(block):
+            if not self.owns(block):
                 raise ValueError(f"blocks[{i}] (block {block.block_id}) does not belong to this pool")
             if isinstance(block_hash, bool) or not isinstance(block_hash, (bytes, int)):
                 raise TypeError(f"block_hashes[{i}] = {block_hash!r} is not a bytes or int hash")

@@ -493,7 +493,7 @@ class KVCacheManager:
             require(len({id(b) for b in blocks}) == len(blocks), "a table has no duplicate blocks",
                     f"{rid!r}: {[b.block_id for b in blocks]}")
             for b in blocks:
-                require(pool._owns(b) and not b.is_null, "tables hold pool blocks", f"{rid!r} holds {b!r}")
+                require(pool.owns(b) and not b.is_null, "tables hold pool blocks", f"{rid!r} holds {b!r}")
                 expected[b.block_id] += 1
             require(0 <= self.num_cached_block[rid] <= len(blocks), "cached count within the table",
                     f"{rid!r}: {self.num_cached_block[rid]} of {len(blocks)}")
@@ -510,7 +510,7 @@ class KVCacheManager:
             require(b.ref_cnt == expected[b.block_id], "ref_cnt = table entries + outstanding copy ends",
                     f"block {b.block_id} has ref_cnt {b.ref_cnt}, expected {expected[b.block_id]}")
         for block_hash, (block, n) in self.partial_hash_to_block.items():
-            require(pool._owns(block) and not block.is_null, "partial entries name pool blocks", f"{block!r}")
+            require(pool.owns(block) and not block.is_null, "partial entries name pool blocks", f"{block!r}")
             require(0 < n < self.block_size and n % self.hash_block_size == 0,
                     "a partial entry ends inside its block at a hash-block boundary", f"{n} tokens")
             require(block_hash in self._partial_hashes_by_block.get(block.block_id, ()),
