@@ -797,7 +797,7 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in [
-        # The seed's chat turn: a 512-token prompt and 100 generated tokens, every time.
+        # The book's running chat turn: a 512-token prompt and 100 generated tokens, every time.
         Workload("chat", (Component("chat turn", 1.0, Dist("constant", 512), Dist("constant", 100)),)),
         # Mostly short requests and a heavy tail of long ones; clients ask for up to 2,048 tokens.
         Workload(

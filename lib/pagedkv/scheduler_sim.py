@@ -1,9 +1,10 @@
 """The reference allocator ``PagedKV`` and a small admission/cleanup scheduler model.
 
-``PagedKV`` is a CPU model of paged KV memory that stores small integers
-instead of tensor rows, so every logical token can be read back and checked.
-It is a single-group ownership model, not vLLM's or SGLang's allocator: its
-``fork`` is a teaching device for making shared prefixes.
+``PagedKV`` models paged KV memory on the CPU. Each slot holds a token id
+where a GPU would hold K and V vectors, so any request's contents can be read
+back through its page table and compared with what was appended. It has one
+cache group and plain ownership, unlike vLLM's and SGLang's allocators, and
+its ``fork`` exists only to create shared prefixes for study.
 
 Two kinds of references keep a physical page alive:
 

@@ -154,7 +154,7 @@ class TokenToKVPoolAllocator:
 
     def clear(self) -> None:
         # Slot 0 is never free: padded tokens write their dummy K/V there.
-        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self.free_pages = 1 + torch.arange(self.size, dtype=torch.int64, device=self.device)
         self._allocated = torch.zeros(self.size + 1, dtype=torch.bool)
 
     def available_size(self) -> int:
