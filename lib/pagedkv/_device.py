@@ -34,6 +34,19 @@ def default_device() -> torch.device:
     return torch.device("cuda") if on_gpu() else torch.device("cpu")
 
 
+def require_kernel_device(tensor: torch.Tensor, name: str) -> None:
+    """Refuse a tensor the current Triton mode cannot read, before any launch.
+
+    Compiled kernels dereference device pointers, so a CPU tensor would be read
+    as garbage (or rejected deep inside Triton); put it on ``default_device()``.
+    """
+    if on_gpu() and tensor.device.type != "cuda":
+        raise ValueError(
+            f"{name} is on {tensor.device}, but the kernels run compiled on the GPU: "
+            f"create it on pagedkv.default_device() ({default_device()})"
+        )
+
+
 def triton_version() -> str | None:
     try:
         import triton

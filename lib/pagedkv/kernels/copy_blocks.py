@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _device  # noqa: F401  -- the Triton mode is fixed before @triton.jit
+from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 
 __all__ = ["copy_blocks", "copy_blocks_ref", "validate_block_pairs"]
 
@@ -139,6 +139,7 @@ def copy_blocks(kv_caches: Sequence, block_pairs) -> None:
         write (see :func:`validate_block_pairs`).
     """
     caches = _flatten_caches(kv_caches)
+    require_kernel_device(caches[0], "kv_caches")
     pairs = validate_block_pairs(block_pairs, caches[0].shape[0])
     if len(pairs) == 0 or caches[0][0].numel() == 0:
         return

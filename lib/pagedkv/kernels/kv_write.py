@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _device  # noqa: F401  -- the Triton mode is fixed before @triton.jit
+from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 
 __all__ = ["reshape_and_cache", "reshape_and_cache_ref", "KV_DTYPES"]
 
@@ -131,6 +131,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
         write: a slot out of range, a slot used twice, or mismatched shapes.
     """
     _validate(key, value, key_cache, value_cache, slot_mapping)
+    require_kernel_device(key_cache, "key_cache")
     _launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 

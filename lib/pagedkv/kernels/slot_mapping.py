@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _device  # noqa: F401  -- the Triton mode is fixed before @triton.jit
+from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 
 PAD_SLOT_ID = -1  # the slot of a padding token; every writer skips it
 
@@ -157,6 +157,7 @@ def compute_slot_mapping(block_table, req_indices, positions, block_size: int) -
         TypeError / ValueError / IndexError naming the offending value, before launching.
     """
     req, pos = _validate(block_table, req_indices, positions, block_size)
+    require_kernel_device(block_table, "block_table")
     out = torch.empty(req.numel(), dtype=torch.int64, device=block_table.device)
     return _launch_slot_mapping(block_table, req, pos, block_size, out)
 
