@@ -89,7 +89,16 @@ except ImportError:  # pragma: no cover
     widgets = None
 
 
-if widgets is not None:
+if widgets is None:
+
+    class BudgetCalculator:  # type: ignore[no-redef]
+        """Stand-in that explains what is missing (a bare GPU machine has no Jupyter)."""
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError("BudgetCalculator needs ipywidgets (pip install ipywidgets); "
+                              "plot_budget and plan_html work without it")
+
+else:
 
     class BudgetCalculator(widgets.VBox):
         """Controls in front of ``budget.plan``; the table and figure redraw on every change."""

@@ -1,5 +1,7 @@
 """Chapter 1's calculator: the static rendering carries the plan, the widget redraws on change."""
 
+import importlib.util
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -8,6 +10,9 @@ import pytest
 
 from pagedkv import budget
 from pagedkv.calculator import BudgetCalculator, budget_parts, plan_html, plot_budget
+
+needs_widgets = pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None,
+                                   reason="the live calculator needs ipywidgets")
 
 
 def test_parts_sum_to_the_card():
@@ -27,6 +32,7 @@ def test_figure_has_labelled_parts():
     assert labels[2] == "KV pool: 52.32 GiB" and fig.axes[0].get_xlabel() == "GiB of GPU memory"
 
 
+@needs_widgets
 def test_widget_redraws_on_change_and_offers_a_static_rendering():
     calc = BudgetCalculator(weight_gib=14.96)
     assert "26,785" in calc.out.value
@@ -37,6 +43,7 @@ def test_widget_redraws_on_change_and_offers_a_static_rendering():
     assert "application/vnd.jupyter.widget-view+json" in bundle
 
 
+@needs_widgets
 def test_a_configuration_that_does_not_fit_is_explained_not_raised():
     calc = BudgetCalculator(gpu="L4", model="Llama-3-70B")
     assert "does not fit" in calc.out.value and "no memory left for the KV cache" in calc.out.value

@@ -1,6 +1,8 @@
 """The notebook tools: normalisation keeps outputs stable, the toc audit catches a missing notebook."""
 
-import nbformat
+import pytest
+
+nbformat = pytest.importorskip("nbformat")  # the notebook tools need Jupyter's file format
 
 from pagedkv import _notebooks
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every GPU check of the book, for a bare CUDA machine that has torch, triton,
+# numpy, matplotlib, pytest and hypothesis but no Jupyter (no venv, no network):
+#   1. the library's tests with the kernels compiled for the GPU;
+#   2. every notebook's code, run without Jupyter, its printed text compared with
+#      the committed (CPU-executed) outputs -- see `python -m pagedkv._notebooks`;
+#   3. the benchmarks (GB/s of the kernels against PyTorch, as ratios in one run).
+# Reports go to $OUT (or _build/gpu). GPU_CHECK_ALLOW_CPU=1 rehearses it on a CPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-_build/gpu}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+
+$py - <<'PY' 2>&1 | tee "$out/device.txt" || exit 1
+import os, sys, torch, pagedkv
+print(pagedkv.device_summary())
+print("torch", torch.__version__, "| python", sys.version.split()[0])
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"{p.name}: {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
+if not pagedkv.on_gpu() and os.environ.get("GPU_CHECK_ALLOW_CPU") != "1":
+    sys.exit("no CUDA GPU here: the kernels would run interpreted (set GPU_CHECK_ALLOW_CPU=1 to rehearse)")
+PY
+
+status=0
+$py -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
+$py -m pagedkv._notebooks run-plain chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>&1 \
+    | tee "$out/notebooks.txt" || status=1
+$py -m pagedkv.bench all 2>&1 | tee "$out/bench.txt" || status=1
+echo "gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED); reports in $out"
+exit $status
