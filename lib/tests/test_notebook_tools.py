@@ -91,3 +91,17 @@ def test_check_toc_refuses_a_notebook_that_names_a_machine_path(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert _notebooks.check_toc() == 1
     assert "/home/alice" in capsys.readouterr().err
+
+
+def test_run_plain_skips_only_live_views_that_need_jupyter(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    live = nbformat.v4.new_code_cell("raise ImportError(\"No module named 'ipywidgets'\")")
+    live.metadata["tags"] = ["nbval-ignore-output"]
+    nb.cells = [live, nbformat.v4.new_code_cell("print('after')")]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="after\n")]
+    path = tmp_path / "live.ipynb"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 0
+    live.metadata["tags"] = []  # the same failure in an ordinary cell is a failure
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 1
