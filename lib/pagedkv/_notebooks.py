@@ -1,6 +1,7 @@
 """Execute, normalise and audit the book's notebooks.
 
     python -m pagedkv._notebooks execute NB...   execute in place (what `make execute` runs)
+    python -m pagedkv._notebooks normalise NB... apply the normalisation below without executing
     python -m pagedkv._notebooks check-toc       every notebook is listed in _toc.yml
     python -m pagedkv._notebooks check-site      the built site loads no script from a network
     python -m pagedkv._notebooks run-plain NB... execute code cells without Jupyter and compare
@@ -63,11 +64,27 @@ def scrub_paths(text: str) -> str:
     return _PYTHON_PATH.sub(r"<python>/\1/", text)
 
 
+def _merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) chunks: how a kernel splits a print into
+    messages depends on timing, and must not show up as a diff on re-execution."""
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = "".join(prev["text"]) + "".join(out["text"])
+        else:
+            merged.append(out)
+    return merged
+
+
 def normalise(nb) -> None:
     """Make a freshly executed notebook stable under re-execution (see module docstring)."""
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"c{i:03d}"
         cell.metadata.pop("execution", None)
+        if "outputs" in cell:
+            cell["outputs"] = _merge_streams(cell["outputs"])
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 out["traceback"] = [scrub_paths(line) for line in out.get("traceback", [])]
@@ -250,6 +267,8 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("execute")
     ex.add_argument("paths", nargs="+")
+    nm = sub.add_parser("normalise")
+    nm.add_argument("paths", nargs="+")
     sub.add_parser("check-toc")
     sub.add_parser("check-site")
     rp = sub.add_parser("run-plain")
@@ -257,6 +276,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "execute":
         execute(args.paths)
+        return 0
+    if args.cmd == "normalise":
+        import nbformat
+
+        for path in args.paths:
+            nb = nbformat.read(path, as_version=4)
+            normalise(nb)
+            nbformat.write(nb, path)
         return 0
     if args.cmd == "check-toc":
         return check_toc()

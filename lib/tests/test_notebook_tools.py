@@ -105,3 +105,16 @@ def test_run_plain_skips_only_live_views_that_need_jupyter(tmp_path):
     live.metadata["tags"] = []  # the same failure in an ordinary cell is a failure
     nbformat.write(nb, path)
     assert _notebooks.run_plain([str(path)]) == 1
+
+
+def test_normalise_merges_stream_chunks_so_reruns_do_not_diff():
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print('a'); print('b')")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="b\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="warn\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="c\n")]
+    nb.cells = [cell]
+    _notebooks.normalise(nb)
+    assert [(o["name"], o["text"]) for o in nb.cells[0].outputs] == [
+        ("stdout", "a\nb\n"), ("stderr", "warn\n"), ("stdout", "c\n")]
