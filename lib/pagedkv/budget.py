@@ -113,6 +113,21 @@ def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
     return _lookup(GPUS, gpu, "GPU")
 
 
+def gpu_for_device_name(device_name: str) -> GPUSpec | None:
+    """The preset whose model words all appear in a CUDA device name, e.g. ``"NVIDIA H200"``.
+
+    Used to put a measured bandwidth beside the datasheet peak. Form factors are
+    not told apart: an H100 PCIe would be matched to the SXM preset.
+    """
+    import re
+
+    for key, gpu in GPUS.items():
+        words = [w for w in key.split() if w != "SXM" and not w.endswith("GB")]
+        if all(re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", device_name) for w in words):
+            return gpu
+    return None
+
+
 def dtype_bytes(dtype: str | torch.dtype) -> int:
     """Bytes per element for a cache dtype name (``"bf16"``, ``"fp8"``...) or a torch dtype."""
     if isinstance(dtype, torch.dtype):

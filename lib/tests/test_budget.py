@@ -155,3 +155,12 @@ def test_free_memory_sizing_needs_a_gpu_or_measures_one():
     else:
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             b.pool_from_free_memory()
+
+
+@pytest.mark.parametrize("name,preset", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100 SXM 80GB"),
+                                         ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"), ("NVIDIA L4", "L4"),
+                                         ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA L40S", None),
+                                         ("Tesla T4", None)])
+def test_device_names_find_their_preset(name, preset):
+    gpu = b.gpu_for_device_name(name)
+    assert (gpu.name if gpu else None) == preset

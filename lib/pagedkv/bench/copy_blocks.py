@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 
 import torch
 
@@ -44,12 +43,9 @@ def _interpreter_check() -> bool:
 
 
 def _datasheet_peak(device_name: str) -> float | None:
-    """The peak bandwidth of a GPU in ``pagedkv.budget.GPUS`` whose model words all appear in the name."""
-    for key, gpu in pagedkv.budget.GPUS.items():
-        words = [w for w in key.split() if w != "SXM" and not w.endswith("GB")]
-        if all(re.search(rf"\b{re.escape(w)}\b", device_name) for w in words):
-            return gpu.peak_bandwidth_gbs
-    return None
+    """Datasheet peak bandwidth (GB/s) of this GPU, when ``pagedkv.budget`` knows it."""
+    gpu = pagedkv.budget.gpu_for_device_name(device_name)
+    return gpu.peak_bandwidth_gbs if gpu else None
 
 
 def _time_ms(fn, reps: int = 30) -> float:

@@ -137,15 +137,20 @@ def main(argv: list[str]) -> int:
 
     print(f"shapes: {n_tok} tokens, table {args.reqs} x {max_blocks}, block_size {bs}, "
           f"{args.heads} KV heads x {args.head_dim}, {args.dtype}")
-    print(f"device copy ceiling: {copy_gbps:,.0f} GB/s (256 MiB tensor copy)")
+    gpu = pagedkv.budget.gpu_for_device_name(torch.cuda.get_device_name(dev))
+    peak = gpu.peak_bandwidth_gbs if gpu else None
+    print(f"device copy ceiling: {copy_gbps:,.0f} GB/s (256 MiB tensor copy)"
+          + (f"; datasheet peak {peak:,.0f} GB/s ({gpu.name})" if peak else ""))
     rows = [
         ("slot mapping", sm_bytes, ms_sm_kernel, ms_sm_torch),
         ("KV write", kv_bytes, ms_kv_kernel, ms_kv_torch),
     ]
-    print(f"{'op':<14}{'triton GB/s':>13}{'torch GB/s':>12}{'triton/torch':>14}{'triton/copy':>13}{'triton us':>11}")
+    print(f"{'op':<14}{'triton GB/s':>13}{'torch GB/s':>12}{'triton/torch':>14}{'triton/copy':>13}"
+          + (f"{'triton/peak':>13}" if peak else "") + f"{'triton us':>11}")
     for name, nbytes, ms_k, ms_t in rows:
         k, t = _gbps(nbytes, ms_k), _gbps(nbytes, ms_t)
-        print(f"{name:<14}{k:>13,.1f}{t:>12,.1f}{ms_t / ms_k:>13.2f}x{k / copy_gbps:>12.1%}{ms_k * 1e3:>11.1f}")
+        print(f"{name:<14}{k:>13,.1f}{t:>12,.1f}{ms_t / ms_k:>13.2f}x{k / copy_gbps:>12.1%}"
+              + (f"{k / peak:>13.1%}" if peak else "") + f"{ms_k * 1e3:>11.1f}")
     return 0
 
 
