@@ -267,32 +267,23 @@ class FreeKVCacheBlockQueue:
 
     def _append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         # Unchecked: blocks are distinct and unlinked.
-        if not blocks:
-            return
-        tail = self.fake_free_list_tail
-        last = tail.prev_free_block
-        for block in blocks:
-            block.prev_free_block = last
-            last.next_free_block = block
-            last = block
-        last.next_free_block = tail
-        tail.prev_free_block = last
-        self.num_free_blocks += len(blocks)
+        self._insert_after(self.fake_free_list_tail.prev_free_block, blocks)
 
     def _prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        # Unchecked: blocks are distinct and unlinked. Link them as a chain
-        # after the head sentinel, then hook the old first block after them.
+        # Unchecked: blocks are distinct and unlinked.
+        self._insert_after(self.fake_free_list_head, blocks)
+
+    def _insert_after(self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link ``blocks`` as one chain, in order, between ``prev`` and its successor."""
         if not blocks:
             return
-        head = self.fake_free_list_head
-        old_first = head.next_free_block
-        prev = head
+        nxt = prev.next_free_block
         for block in blocks:
             block.prev_free_block = prev
             prev.next_free_block = block
             prev = block
-        prev.next_free_block = old_first
-        old_first.prev_free_block = prev
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
     # -- looking -----------------------------------------------------------

@@ -173,7 +173,8 @@ class BlockTable:
         """
         # Imported here, not at the top: the table itself needs no Triton, and
         # `import pagedkv.block_table` stays cheap on machines without it.
-        from .kernels.slot_mapping import _as_index_tensor, compute_slot_mapping
+        from ._device import require_kernel_device
+        from .kernels.slot_mapping import _as_index_tensor, _launch_slot_mapping
 
         if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -202,7 +203,14 @@ class BlockTable:
                 f"of {block_size} tokens (last valid position {int(limit[i]) - 1}); "
                 "append the block and commit() first"
             )
-        return compute_slot_mapping(self.tensor, req.to(self.device), pos.to(self.device), int(block_size))
+        # The checks above subsume the kernel wrapper's: rows are in range, every
+        # position lies in its row's committed blocks (so its column is inside the
+        # table), and committed cells hold block ids that append_row validated.
+        # So the kernel is launched directly, without validating a second time.
+        require_kernel_device(self.tensor, "block_table")
+        req, pos = req.to(self.device), pos.to(self.device)
+        out = torch.empty(req.numel(), dtype=torch.int64, device=self.device)
+        return _launch_slot_mapping(self.tensor, req, pos, int(block_size), out)
 
     # -- inspection ---------------------------------------------------------------------------
     def row(self, row_idx: int) -> list[int]:

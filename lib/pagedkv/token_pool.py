@@ -138,6 +138,26 @@ class ReqToTokenPool:
             raise AssertionError("free and allocated rows cover exactly 1..size (row 0 is padding)")
 
 
+def _check_free_partition(free: torch.Tensor, allocated: torch.Tensor, n: int, unit: str) -> None:
+    """The allocators' shared invariant, over units (slots or pages) 1..n; unit 0 is padding.
+
+    No unit is free twice; free and allocated are disjoint and together cover
+    1..n; unit 0 is in neither. Raises AssertionError naming the broken rule.
+    """
+    if free.numel() and (int(free.min()) < 1 or int(free.max()) > n):
+        raise AssertionError(f"free {unit}s lie in 1..{n}: found {free.min().item()}..{free.max().item()}")
+    if torch.unique(free).numel() != free.numel():
+        raise AssertionError(f"no {unit} is free twice: the free list has duplicates")
+    if bool(allocated[0]):
+        raise AssertionError(f"{unit} 0 (padding) is never allocated")
+    if bool(allocated[free].any()):
+        raise AssertionError(f"a {unit} is never both free and allocated")
+    if free.numel() + int(allocated.sum()) != n:
+        raise AssertionError(
+            f"free and allocated cover every {unit}: {free.numel()} free + {int(allocated.sum())} allocated != {n}"
+        )
+
+
 class TokenToKVPoolAllocator:
     """Hands out KV slots one token at a time: slots ``1..size``; slot 0 is the padding slot.
 
@@ -189,20 +209,7 @@ class TokenToKVPoolAllocator:
 
     def check(self) -> None:
         """No slot is free twice; free and allocated partition 1..size; slot 0 is in neither."""
-        free = self.free_pages.cpu()
-        if free.numel() and (int(free.min()) < 1 or int(free.max()) > self.size):
-            raise AssertionError(f"free slots lie in 1..{self.size}: found {free.min().item()}..{free.max().item()}")
-        if torch.unique(free).numel() != free.numel():
-            raise AssertionError("no slot is free twice: the free list has duplicates")
-        if bool(self._allocated[0]):
-            raise AssertionError("slot 0 (padding) is never allocated")
-        if bool(self._allocated[free].any()):
-            raise AssertionError("a slot is never both free and allocated")
-        if free.numel() + int(self._allocated.sum()) != self.size:
-            raise AssertionError(
-                f"free and allocated cover every slot: {free.numel()} free + "
-                f"{int(self._allocated.sum())} allocated != {self.size}"
-            )
+        _check_free_partition(self.free_pages.cpu(), self._allocated, self.size, "slot")
 
 
 class PagedTokenToKVPoolAllocator:
@@ -361,17 +368,4 @@ class PagedTokenToKVPoolAllocator:
 
     def check(self) -> None:
         """No page is free twice; free and allocated pages partition 1..num_pages; page 0 is in neither."""
-        free = self.free_pages.cpu()
-        if free.numel() and (int(free.min()) < 1 or int(free.max()) > self.num_pages):
-            raise AssertionError(f"free pages lie in 1..{self.num_pages}: found {free.min().item()}..{free.max().item()}")
-        if torch.unique(free).numel() != free.numel():
-            raise AssertionError("no page is free twice: the free list has duplicates")
-        if bool(self._allocated[0]):
-            raise AssertionError("page 0 (padding) is never allocated")
-        if bool(self._allocated[free].any()):
-            raise AssertionError("a page is never both free and allocated")
-        if free.numel() + int(self._allocated.sum()) != self.num_pages:
-            raise AssertionError(
-                f"free and allocated cover every page: {free.numel()} free + "
-                f"{int(self._allocated.sum())} allocated != {self.num_pages}"
-            )
+        _check_free_partition(self.free_pages.cpu(), self._allocated, self.num_pages, "page")

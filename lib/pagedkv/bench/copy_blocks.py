@@ -21,6 +21,7 @@ import random
 import torch
 
 import pagedkv
+from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
 from pagedkv.kernels.copy_blocks import _launch_copy_blocks, copy_blocks, copy_blocks_ref
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -40,28 +41,6 @@ def _interpreter_check() -> bool:
     copy_blocks(caches, pairs)
     copy_blocks_ref(ref, pairs)
     return all(torch.equal(a, b) for a, b in zip(caches, ref))
-
-
-def _datasheet_peak(device_name: str) -> float | None:
-    """Datasheet peak bandwidth (GB/s) of this GPU, when ``pagedkv.budget`` knows it."""
-    gpu = pagedkv.budget.gpu_for_device_name(device_name)
-    return gpu.peak_bandwidth_gbs if gpu else None
-
-
-def _time_ms(fn, reps: int = 30) -> float:
-    """Median CUDA-event time of ``fn`` in milliseconds, after a warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main(argv: list[str]) -> int:
@@ -89,16 +68,10 @@ def main(argv: list[str]) -> int:
     ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=dev)
     block_bytes_all = caches[0][0].numel() * caches[0].element_size() * len(caches)
 
-    big = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
-    big_dst = torch.empty_like(big)
-    copy_gbps = 2 * big.numel() / (_time_ms(lambda: big_dst.copy_(big), reps=20) * 1e-3) / 1e9
-    name = torch.cuda.get_device_name(0)
-    peak = _datasheet_peak(name)
-
     print(f"caches: {len(caches)} x {tuple(shape)} {args.dtype}; one block across all caches = "
           f"{block_bytes_all / 2**20:.2f} MiB")
-    print(f"device copy ceiling: {copy_gbps:,.0f} GB/s (256 MiB tensor copy)"
-          + (f"; datasheet peak {peak:,.0f} GB/s" if peak else ""))
+    copy_gbps, gpu = device_ceilings(dev)
+    peak = gpu.peak_bandwidth_gbs if gpu else None
     print(f"{'pairs':>6}{'triton GB/s':>13}{'torch GB/s':>12}{'triton/torch':>14}{'triton/copy':>13}"
           + (f"{'triton/peak':>13}" if peak else "") + f"{'triton us':>11}")
     for n in args.pairs:
@@ -114,10 +87,10 @@ def main(argv: list[str]) -> int:
             for c in caches:
                 c[dst] = c[src]
 
-        ms_k = _time_ms(lambda: _launch_copy_blocks(ptrs, pairs_t, caches[0]))
-        ms_t = _time_ms(torch_copy)
+        ms_k = time_ms(lambda: _launch_copy_blocks(ptrs, pairs_t, caches[0]))
+        ms_t = time_ms(torch_copy)
         nbytes = 2 * n * block_bytes_all  # read src, write dst
-        k, t = nbytes / (ms_k * 1e-3) / 1e9, nbytes / (ms_t * 1e-3) / 1e9
+        k, t = gbps(nbytes, ms_k), gbps(nbytes, ms_t)
         print(f"{n:>6}{k:>13,.1f}{t:>12,.1f}{ms_t / ms_k:>13.2f}x{k / copy_gbps:>12.1%}"
               + (f"{k / peak:>12.1%}" if peak else "") + f"{ms_k * 1e3:>11.1f}")
     return 0

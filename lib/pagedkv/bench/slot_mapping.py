@@ -18,6 +18,7 @@ import argparse
 import torch
 
 import pagedkv
+from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
 from pagedkv.kernels.kv_write import _launch_reshape_and_cache, reshape_and_cache, reshape_and_cache_ref
 from pagedkv.kernels.slot_mapping import _launch_slot_mapping, compute_slot_mapping, compute_slot_mapping_ref
 
@@ -42,26 +43,6 @@ def _interpreter_check() -> bool:
     reshape_and_cache(key, value, caches[0], caches[1], slots)
     reshape_and_cache_ref(key, value, caches[2], caches[3], slots)
     return ok and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-
-
-def _time_ms(fn, reps: int = 50) -> float:
-    """Median CUDA-event time of ``fn`` in milliseconds, after a warm-up."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def _gbps(nbytes: int, ms: float) -> float:
-    return nbytes / (ms * 1e-3) / 1e9
 
 
 def main(argv: list[str]) -> int:
@@ -102,8 +83,8 @@ def main(argv: list[str]) -> int:
 
     # Bytes that must move: read req and pos (int64), one int32 table cell, write one int64 slot.
     sm_bytes = n_tok * (8 + 8 + 4 + 8)
-    ms_sm_kernel = _time_ms(lambda: _launch_slot_mapping(table, req, pos, bs, out))
-    ms_sm_torch = _time_ms(torch_slots)
+    ms_sm_kernel = time_ms(lambda: _launch_slot_mapping(table, req, pos, bs, out))
+    ms_sm_torch = time_ms(torch_slots)
 
     # --- KV write: every token to a distinct random slot -----------------------------------------
     kv_blocks = max(-(-n_tok // bs) * 2, 1)  # room for every token, twice over
@@ -126,21 +107,13 @@ def main(argv: list[str]) -> int:
 
     # Read K and V, write them into the caches, read the slots.
     kv_bytes = 2 * 2 * key.numel() * key.element_size() + n_tok * 8
-    ms_kv_kernel = _time_ms(lambda: _launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
-    ms_kv_torch = _time_ms(torch_write)
-
-    # --- the ceiling: a large device-to-device copy ------------------------------------------------
-    big = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
-    big_dst = torch.empty_like(big)
-    ms_copy = _time_ms(lambda: big_dst.copy_(big), reps=20)
-    copy_gbps = _gbps(2 * big.numel(), ms_copy)
+    ms_kv_kernel = time_ms(lambda: _launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
+    ms_kv_torch = time_ms(torch_write)
 
     print(f"shapes: {n_tok} tokens, table {args.reqs} x {max_blocks}, block_size {bs}, "
           f"{args.heads} KV heads x {args.head_dim}, {args.dtype}")
-    gpu = pagedkv.budget.gpu_for_device_name(torch.cuda.get_device_name(dev))
+    copy_gbps, gpu = device_ceilings(dev)
     peak = gpu.peak_bandwidth_gbs if gpu else None
-    print(f"device copy ceiling: {copy_gbps:,.0f} GB/s (256 MiB tensor copy)"
-          + (f"; datasheet peak {peak:,.0f} GB/s ({gpu.name})" if peak else ""))
     rows = [
         ("slot mapping", sm_bytes, ms_sm_kernel, ms_sm_torch),
         ("KV write", kv_bytes, ms_kv_kernel, ms_kv_torch),
@@ -148,7 +121,7 @@ def main(argv: list[str]) -> int:
     print(f"{'op':<14}{'triton GB/s':>13}{'torch GB/s':>12}{'triton/torch':>14}{'triton/copy':>13}"
           + (f"{'triton/peak':>13}" if peak else "") + f"{'triton us':>11}")
     for name, nbytes, ms_k, ms_t in rows:
-        k, t = _gbps(nbytes, ms_k), _gbps(nbytes, ms_t)
+        k, t = gbps(nbytes, ms_k), gbps(nbytes, ms_t)
         print(f"{name:<14}{k:>13,.1f}{t:>12,.1f}{ms_t / ms_k:>13.2f}x{k / copy_gbps:>12.1%}"
               + (f"{k / peak:>13.1%}" if peak else "") + f"{ms_k * 1e3:>11.1f}")
     return 0
