@@ -1,0 +1,433 @@
+"""Paged attention: one varlen kernel that reads K/V through the block table.
+
+This is the consumer of everything the earlier chapters build. A step's
+scheduled tokens arrive concatenated, request after request (vLLM's
+``query_start_loc`` says where each request's tokens start). Request ``r``
+has ``seq_lens[r]`` tokens in the cache after this step's KV write; its
+``q_len`` new tokens are the *last* ``q_len`` of them, so a decode token
+(``q_len == 1``) and a prefill chunk after a prefix hit are the same case:
+query ``i`` sits at position ``ctx_len + i`` (``ctx_len = seq_len - q_len``)
+and may see keys ``0 .. ctx_len + i``. One launch serves any mix.
+
+The grid, as in vLLM's unified Triton kernel (simplified):
+
+* one program per (request, KV head, query tile, KV split);
+* a query tile holds ``BLOCK_Q`` tokens x the ``GROUP`` query heads that
+  share the KV head, ``BLOCK_M = BLOCK_Q * GROUP`` rows: one K/V load serves
+  the whole group (grouped-query attention);
+* the program walks the keys it may see in tiles of ``TILE_N`` positions.
+  For each position it loads the block id from the table
+  (``block_table[r, pos // block_size]``) and reads row ``pos % block_size``
+  of that block: the tile size is independent of the block size, which is
+  why block size 1 (SGLang's token-level table) and 128 use the same kernel;
+* scores, an online softmax in fp32 (running max ``m``, running sum ``l``,
+  rescaled accumulator), and the causal mask for the last tile.
+
+Split-KV (the flash-decoding idea): one decode token of one request at long
+context is a single program that walks the whole sequence while most of the
+GPU idles. With ``num_splits > 1`` each program covers one segment of the
+keys and writes its partial output and log-sum-exp; a second small kernel
+merges the segments, weighting each by ``exp(lse_i - max lse)``.
+
+Every wrapper validates before launching (see ``pagedkv.kernels``): a block id
+out of range is an ``IndexError`` naming the request and the column. Table
+columns past a request's ``seq_len`` are never read, so they may hold
+anything, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._device import INTERPRETED, on_gpu, require_kernel_device
+
+__all__ = [
+    "paged_attention",
+    "paged_attention_ref",
+    "dense_attention_ref",
+    "AttentionPlan",
+    "plan_attention",
+    "ATTENTION_DTYPES",
+]
+
+ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM], contiguous
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, HEAD_DIM], contiguous
+    v_cache_ptr,
+    block_table_ptr,  # [num_reqs, max_blocks] int32
+    seq_lens_ptr,  # [num_reqs] int32: context + new tokens
+    query_start_loc_ptr,  # [num_reqs + 1] int32
+    out_ptr,  # NUM_SPLITS == 1: the output, like q; else fp32 partials [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM]
+    lse_ptr,  # NUM_SPLITS > 1: fp32 [NUM_SPLITS, num_tokens, num_heads], log2-domain log-sum-exp
+    scale_log2,  # softmax scale * log2(e): the kernel works with exp2
+    num_tokens,
+    num_heads,
+    num_kv_heads,
+    block_size,
+    max_blocks,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows of a query tile (power of two >= 16)
+    BLOCK_Q: tl.constexpr,  # query tokens of a tile: BLOCK_M // GROUP
+    TILE_N: tl.constexpr,  # key positions per inner iteration
+    NUM_SPLITS: tl.constexpr,
+    FP32_DOT: tl.constexpr,  # dot in fp32 (interpreter, or fp32 inputs)
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:  # this request has fewer query tiles than the grid
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len
+
+    # Row r of the tile is query token r // GROUP, query head r % GROUP of the group.
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // GROUP  # token index within the request's new tokens
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_pos = ctx_len + q_idx  # its position in the sequence (causal limit)
+    token = (q_start + q_idx).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = (token * num_heads + head)[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+    if FP32_DOT:
+        q = q.to(tl.float32)
+
+    # Keys this tile may see end after its last token; split-KV cuts them
+    # into NUM_SPLITS segments of whole tiles.
+    kv_end = ctx_len + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)
+    seg = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), TILE_N) * TILE_N
+    kv_lo = split * seg
+    kv_hi = tl.minimum(kv_lo + seg, kv_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = block_table_ptr + req.to(tl.int64) * max_blocks
+    for start in range(kv_lo, kv_hi, TILE_N):
+        pos = start + tl.arange(0, TILE_N)
+        pos_ok = pos < kv_hi  # never read the table past seq_len: those columns may be garbage
+        block_id = tl.load(table_row + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+        kv_row = (block_id * block_size + pos % block_size) * num_kv_heads + kv_head
+        kv_off = kv_row[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=pos_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=pos_ok[:, None], other=0.0)
+        if FP32_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale_log2
+        visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        # Online softmax. A row that has seen no visible key yet keeps m = -inf;
+        # m_safe = 0 there so that exp2(-inf - m_safe) = 0 rather than NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # A segment past this tile's keys saw nothing: lse = -inf, weight 0 in the merge.
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        part = split.to(tl.int64) * num_tokens * num_heads
+        tl.store(out_ptr + part * HEAD_DIM + q_off, out, mask=row_ok[:, None])
+        tl.store(lse_ptr + part + token * num_heads + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_ptr,  # fp32 [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM]
+    lse_ptr,  # fp32 [NUM_SPLITS, num_tokens, num_heads]
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    num_tokens,
+    num_heads,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,  # NUM_SPLITS rounded up to a power of two (tl.arange)
+    HEAD_DIM: tl.constexpr,
+):
+    th = tl.program_id(0).to(tl.int64)  # token * num_heads + head
+    s = tl.arange(0, SPLITS_P2)
+    s_ok = s < NUM_SPLITS
+    lse = tl.load(lse_ptr + s * num_tokens * num_heads + th, mask=s_ok, other=float("-inf"))
+    # Every token sees at least itself, so at least one segment is finite.
+    w = tl.exp2(lse - tl.max(lse, 0))
+    dims = tl.arange(0, HEAD_DIM)
+    part_off = (s[:, None] * num_tokens * num_heads + th) * HEAD_DIM + dims[None, :]
+    o = tl.load(partial_ptr + part_off, mask=s_ok[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(out_ptr + th * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+# ----------------------------------------------------------------- validation
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+    """Check everything the kernel trusts; return host copies of the metadata.
+
+    Returns ``(seq_lens, query_start_loc)`` as Python lists (the launch needs the
+    longest query to size the grid).
+    """
+    named = {"q": q, "key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
+             "seq_lens": seq_lens, "query_start_loc": query_start_loc}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device: it has no data to read")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    devices = {str(t.device) for t in named.values()}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if key_cache.dim() != 4:
+        raise ValueError("key_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
+                         f"got shape {tuple(key_cache.shape)}")
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache shape {tuple(value_cache.shape)} differs from "
+                         f"key_cache shape {tuple(key_cache.shape)}")
+    for name in ("q", "key_cache", "value_cache"):
+        if named[name].dtype not in ATTENTION_DTYPES:
+            raise TypeError(f"{name} dtype must be float32, float16 or bfloat16, got {named[name].dtype}")
+    if not q.dtype == key_cache.dtype == value_cache.dtype:
+        raise TypeError(f"q and the caches must share one dtype, got {q.dtype}, {key_cache.dtype}, "
+                        f"{value_cache.dtype}")
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
+    if cache_dim != head_dim:
+        raise ValueError(f"q's head_dim {head_dim} differs from the caches' {cache_dim}")
+    if not _is_power_of_two(head_dim) or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim must be a power of two from 16 to 256, got {head_dim}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_size < 1 or num_blocks < 1:
+        raise ValueError(f"the caches hold no slots: shape {tuple(key_cache.shape)}")
+    for name in ("block_table", "seq_lens", "query_start_loc"):
+        if named[name].dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got dtype {named[name].dtype}")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must be [num_reqs, max_blocks], got shape {tuple(block_table.shape)}")
+    num_reqs = block_table.shape[0]
+    if seq_lens.shape != (num_reqs,):
+        raise ValueError(f"seq_lens must have one length per block-table row ({num_reqs}), "
+                         f"got shape {tuple(seq_lens.shape)}")
+    if query_start_loc.shape != (num_reqs + 1,):
+        raise ValueError(f"query_start_loc must have num_reqs + 1 = {num_reqs + 1} entries, "
+                         f"got shape {tuple(query_start_loc.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float, got {scale!r}")
+
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    if qsl[0] != 0:
+        raise ValueError(f"query_start_loc[0] must be 0, got {qsl[0]}")
+    if qsl[-1] != num_tokens:
+        raise ValueError(f"query_start_loc[-1] = {qsl[-1]} but q has {num_tokens} tokens")
+    for r in range(num_reqs):
+        q_len = qsl[r + 1] - qsl[r]
+        if q_len < 0:
+            raise ValueError(f"query_start_loc is not monotone at request {r}: {qsl[r]} then {qsl[r + 1]}")
+        if lens[r] < 1:
+            raise ValueError(f"seq_lens[{r}] = {lens[r]}: a request must hold at least one token")
+        if lens[r] < q_len:
+            raise ValueError(f"seq_lens[{r}] = {lens[r]} is shorter than the request's {q_len} new tokens")
+    needed = [-(-n // block_size) for n in lens]
+    if num_reqs and max(needed) > block_table.shape[1]:
+        r = needed.index(max(needed))
+        raise ValueError(f"request {r} has {lens[r]} tokens = {needed[r]} blocks of {block_size}, "
+                         f"but block_table has only {block_table.shape[1]} columns")
+    # Only the columns each request will read must hold valid block ids.
+    if num_reqs:
+        cols = torch.arange(block_table.shape[1], device=block_table.device)
+        used = cols[None, :] < torch.tensor(needed, device=block_table.device)[:, None]
+        bad = used & ((block_table < 0) | (block_table >= num_blocks))
+        if bool(bad.any()):
+            r, c = (int(x) for x in bad.nonzero()[0])
+            raise IndexError(f"block_table[{r}, {c}] = {int(block_table[r, c])} is not a block of the "
+                             f"cache (0..{num_blocks - 1}); request {r} reads column {c} "
+                             f"for positions {c * block_size}..{min((c + 1) * block_size, lens[r]) - 1}")
+    return lens, qsl
+
+
+# ----------------------------------------------------------------- planning
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How one launch is shaped: the tiles and the grid (see the module docstring)."""
+
+    block_m: int  # rows per query tile
+    block_q: int  # query tokens per tile
+    tile_n: int  # key positions per inner iteration
+    num_q_tiles: int  # query tiles of the longest request
+    num_splits: int  # KV segments per tile
+    grid: tuple[int, int, int]
+
+
+def _choose_splits(num_programs: int, max_seq_len: int, tile_n: int) -> int:
+    """Split the keys only when the grid cannot fill the GPU and sequences are long."""
+    if not on_gpu() or max_seq_len < 2048:
+        return 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if num_programs >= sms:
+        return 1
+    wanted = -(-2 * sms // num_programs)  # about two programs per SM
+    return max(1, min(wanted, max_seq_len // (4 * tile_n), _MAX_SPLITS))
+
+
+def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_lens: list[int],
+                   num_splits: int | None = None) -> AttentionPlan:
+    """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV."""
+    group = num_heads // num_kv_heads
+    max_q = max(q_lens, default=0)
+    # A decode batch (every q_len 1) needs only the group's rows (tl.dot wants
+    # at least 16); a prefill tile takes several tokens, so that one K/V tile
+    # serves more queries.
+    block_m = max(16 if max_q <= 1 else 64, triton.next_power_of_2(group))
+    block_q = block_m // group
+    tile_n = 32 if on_gpu() else 64
+    num_q_tiles = max(1, -(-max_q // block_q))
+    if num_splits is None:
+        programs = len(q_lens) * num_kv_heads * num_q_tiles
+        num_splits = _choose_splits(programs, max(seq_lens, default=0), tile_n)
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int from 1 to {_MAX_SPLITS} or None, got {num_splits!r}")
+    grid = (len(q_lens), num_kv_heads, num_q_tiles * num_splits)
+    return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid)
+
+
+def _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
+    """Launch on validated tensors (the benchmark times this alone)."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    if num_tokens == 0 or block_table.shape[0] == 0:
+        return out
+    fp32_dot = INTERPRETED or q.dtype == torch.float32  # tl.dot on bf16 is wrong in the interpreter
+    splits = plan.num_splits
+    if splits == 1:
+        part, lse = out, out  # lse_ptr unused
+    else:
+        part = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    _paged_attention_kernel[plan.grid](
+        q, key_cache, value_cache, block_table, seq_lens, query_start_loc, part, lse,
+        float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_size,
+        block_table.shape[1],
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=plan.block_m,
+        BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, NUM_SPLITS=splits, FP32_DOT=fp32_dot,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens * num_heads,)](
+            part, lse, out, num_tokens, num_heads,
+            NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+        )
+    return out
+
+
+def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                    *, num_splits=None):
+    """Causal attention of this step's queries over the paged KV cache, in one launch.
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``, the new tokens of every
+            request, concatenated in ``query_start_loc`` order.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads,
+            head_dim]`` (what ``reshape_and_cache`` writes), q's dtype.
+        block_table: int32 ``[num_reqs, max_blocks]``; only the first
+            ``cdiv(seq_lens[r], block_size)`` columns of row ``r`` are read.
+        seq_lens: int32 ``[num_reqs]``, tokens in the cache after this step.
+        query_start_loc: int32 ``[num_reqs + 1]``, cumulative query lengths;
+            a request with no new tokens this step produces nothing.
+        scale: the softmax scale, usually ``head_dim ** -0.5``.
+        num_splits: KV segments per query tile (split-KV); ``None`` chooses.
+
+    Returns a tensor with q's shape, dtype and device. Raises ``TypeError``,
+    ``ValueError`` or ``IndexError`` naming the bad value before any launch.
+    """
+    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+    require_kernel_device(q, "q")
+    plan = plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
+                          num_splits)
+    out = torch.empty_like(q)
+    return _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out)
+
+
+# ----------------------------------------------------------------- references
+
+def dense_attention_ref(q, key, value, query_start_loc, kv_start_loc, scale):
+    """Attention on contiguous K/V with PyTorch's ``scaled_dot_product_attention``.
+
+    ``key``/``value`` are ``[total_kv_tokens, num_kv_heads, head_dim]``, request
+    ``r``'s keys at rows ``kv_start_loc[r]:kv_start_loc[r + 1]``; its queries
+    are the last of them (causal, aligned to the end). Computed in fp32 and
+    returned in q's dtype. This is the un-paged baseline the kernel must equal.
+    """
+    out = torch.empty_like(q)
+    group = q.shape[1] // key.shape[1]
+    qsl, ksl = [int(x) for x in query_start_loc], [int(x) for x in kv_start_loc]
+    for r in range(len(qsl) - 1):
+        q_len, kv_len = qsl[r + 1] - qsl[r], ksl[r + 1] - ksl[r]
+        if q_len == 0:
+            continue
+        qr = q[qsl[r]:qsl[r + 1]].float().transpose(0, 1)  # [heads, q_len, dim]
+        kr = key[ksl[r]:ksl[r + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        vr = value[ksl[r]:ksl[r + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        # Query i sits at position kv_len - q_len + i and sees keys up to it.
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+        o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=scale)
+        out[qsl[r]:qsl[r + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                        *, num_splits=None):
+    """The kernel's reference: gather each request's K/V through its table row, then dense attention.
+
+    Same signature and validation as ``paged_attention``; ``num_splits`` is
+    accepted and ignored (splitting changes the order of sums, not the result).
+    """
+    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+    if num_splits is not None:
+        plan_attention(q.shape[1], key_cache.shape[2], [1], [1], num_splits)  # same argument check
+    block_size = key_cache.shape[1]
+    keys, values, kv_start = [], [], [0]
+    for r, n in enumerate(lens):
+        ids = block_table[r, : -(-n // block_size)].long()
+        keys.append(key_cache[ids].flatten(0, 1)[:n])
+        values.append(value_cache[ids].flatten(0, 1)[:n])
+        kv_start.append(kv_start[-1] + n)
+    if not keys:
+        return torch.empty_like(q)
+    return dense_attention_ref(q, torch.cat(keys), torch.cat(values), qsl, kv_start, scale)
