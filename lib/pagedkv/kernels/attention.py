@@ -52,6 +52,7 @@ __all__ = [
     "dense_attention_ref",
     "AttentionPlan",
     "plan_attention",
+    "paginate",
     "ATTENTION_DTYPES",
 ]
 
@@ -431,3 +432,40 @@ def paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, query_
     if not keys:
         return torch.empty_like(q)
     return dense_attention_ref(q, torch.cat(keys), torch.cat(values), qsl, kv_start, scale)
+
+
+def paginate(keys, values, block_size, num_blocks=None, *, seed=0, unused=-1):
+    """Scatter contiguous per-request K/V into a paged cache with shuffled blocks.
+
+    ``keys[r]``/``values[r]`` are ``[seq_len_r, num_kv_heads, head_dim]``.
+    Returns ``(key_cache, value_cache, block_table, seq_lens)``: each request's
+    blocks are drawn from a seeded permutation of the pool (so neighbours in a
+    sequence are rarely neighbours in memory), unused cache slots hold random
+    values, and table columns past a request's blocks hold ``unused`` (any
+    value: the kernel must never read them). Used by the chapter, the tests,
+    the exercise checker and the benchmark to build cases.
+    """
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} key tensors but {len(values)} value tensors")
+    lens = [int(k.shape[0]) for k in keys]
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 1 if num_blocks is None else num_blocks
+    if num_blocks < sum(need):
+        raise ValueError(f"{num_blocks} blocks cannot hold {sum(need)} blocks of K/V")
+    g = torch.Generator().manual_seed(seed)
+    ref = keys[0]
+    shape = (num_blocks, block_size, *ref.shape[1:])
+    key_cache = torch.randn(shape, generator=g).to(ref.dtype).to(ref.device)
+    value_cache = torch.randn(shape, generator=g).to(ref.dtype).to(ref.device)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    table = torch.full((len(keys), max(need, default=0) + 1), unused, dtype=torch.int32)
+    for r, (k, v) in enumerate(zip(keys, values)):
+        ids, order = order[: need[r]], order[need[r]:]
+        table[r, : need[r]] = torch.tensor(ids, dtype=torch.int32)
+        for j, b in enumerate(ids):
+            rows = slice(j * block_size, min((j + 1) * block_size, lens[r]))
+            n = rows.stop - rows.start
+            key_cache[b, :n] = k[rows]
+            value_cache[b, :n] = v[rows]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return key_cache, value_cache, table.to(ref.device), seq_lens.to(ref.device)

@@ -1,0 +1,226 @@
+"""The paged-attention kernel against its gather reference and against PyTorch's SDPA.
+
+Three implementations meet here: the Triton kernel (interpreted on a CPU,
+compiled on a GPU), ``paged_attention_ref`` (gather through the table, then
+dense attention) and ``dense_attention_ref`` (SDPA on contiguous K/V, which
+never sees a block table). Tables are scattered and their unused columns hold
+garbage, so a kernel that reads past ``seq_len`` fails rather than passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pagedkv
+from pagedkv.kernels import dense_attention_ref, paged_attention, paged_attention_ref
+from pagedkv.kernels.attention import paginate, plan_attention
+
+DEV = pagedkv.default_device()
+# fp32 is tight in the interpreter; a GPU's tl.dot may round through TF32.
+TOL = {torch.float32: 2e-5 if not pagedkv.on_gpu() else 2e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def make_case(q_lens, ctx_lens, *, heads=4, kv_heads=2, head_dim=32, block_size=16,
+              dtype=torch.float32, seed=0, unused=10**6):
+    """Random K/V per request, paged into shuffled blocks; q for the last q_len positions."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
+    keys = [torch.randn(n, kv_heads, head_dim, generator=g).to(dtype) for n in seq_lens]
+    values = [torch.randn(n, kv_heads, head_dim, generator=g).to(dtype) for n in seq_lens]
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=g).to(dtype)
+    kc, vc, table, lens = paginate(keys, values, block_size, sum(-(-n // block_size) for n in seq_lens) + 3,
+                                   seed=seed, unused=unused)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv_start = [0, *torch.tensor(seq_lens).cumsum(0).tolist()]
+    case = dict(q=q.to(DEV), key_cache=kc.to(DEV), value_cache=vc.to(DEV), block_table=table.to(DEV),
+                seq_lens=lens.to(DEV), query_start_loc=qsl.to(DEV), scale=head_dim ** -0.5)
+    dense = dict(key=torch.cat(keys).to(DEV), value=torch.cat(values).to(DEV), kv_start_loc=kv_start)
+    return case, dense
+
+
+def assert_close(got, want, dtype):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+    assert err <= TOL[dtype], f"max abs error {err:.3g} > {TOL[dtype]:.1g}"
+
+
+def check_all_three(case, dense, dtype, num_splits=None):
+    out = paged_attention(**case, num_splits=num_splits)
+    ref = paged_attention_ref(**case)
+    sdpa = dense_attention_ref(case["q"], dense["key"], dense["value"], case["query_start_loc"],
+                               dense["kv_start_loc"], case["scale"])
+    assert out.device == case["q"].device
+    assert_close(out, ref, dtype)
+    assert_close(out, sdpa, dtype)
+    return out
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+def test_mixed_batch_every_block_size_and_gqa_ratio(block_size, heads, kv_heads):
+    # Two prefill chunks (one after a context, one fresh) and three decode tokens.
+    case, dense = make_case([13, 9, 1, 1, 1], [20, 0, 1, 40, 70], heads=heads, kv_heads=kv_heads,
+                            block_size=block_size, seed=block_size)
+    check_all_three(case, dense, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes_accumulate_in_fp32(dtype):
+    case, dense = make_case([20, 1, 1], [30, 100, 5], heads=8, kv_heads=2, dtype=dtype, seed=3)
+    out = check_all_three(case, dense, dtype)
+    assert out.dtype == dtype
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+def test_head_dims(head_dim):
+    case, dense = make_case([5, 1], [11, 30], heads=4, kv_heads=1, head_dim=head_dim, seed=head_dim)
+    check_all_three(case, dense, torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 8])
+def test_split_kv_matches_unsplit(num_splits):
+    # Long decode contexts plus one prefill chunk, so some segments are empty for some tiles.
+    case, dense = make_case([1, 1, 6], [300, 17, 40], heads=8, kv_heads=2, seed=7)
+    check_all_three(case, dense, torch.float32, num_splits=num_splits)
+
+
+def test_split_kv_in_bf16():
+    case, dense = make_case([1, 1], [500, 90], heads=8, kv_heads=2, dtype=torch.bfloat16, seed=8)
+    check_all_three(case, dense, torch.bfloat16, num_splits=4)
+
+
+def test_request_without_new_tokens_produces_nothing():
+    case, dense = make_case([4, 0, 1], [10, 25, 9], seed=4)
+    assert case["q"].shape[0] == 5
+    check_all_three(case, dense, torch.float32)
+
+
+def test_block_size_1_equals_block_size_16():
+    # SGLang's token-level table and vLLM's 16-token blocks hold the same K/V: same output.
+    a, _ = make_case([7, 1], [30, 44], block_size=1, seed=5)
+    b, _ = make_case([7, 1], [30, 44], block_size=16, seed=5)
+    assert torch.equal(a["q"], b["q"])
+    assert_close(paged_attention(**a), paged_attention(**b), torch.float32)
+
+
+def test_garbage_in_unused_columns_is_never_read():
+    for unused in (-1, 10**6, -(2**31)):
+        case, dense = make_case([3, 1], [10, 20], block_size=8, seed=6, unused=unused)
+        check_all_three(case, dense, torch.float32)
+
+
+def test_inputs_are_not_modified():
+    case, _ = make_case([6, 1], [10, 33], seed=9)
+    before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    paged_attention(**case, num_splits=3)
+    for k, v in before.items():
+        assert torch.equal(case[k], v), k
+
+
+def test_dense_reference_is_softmax_attention():
+    # The baseline itself, against the formula written out.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, h, 16, generator=g) for n, h in ((3, 4), (7, 2), (7, 2)))
+    out = dense_attention_ref(q, k, v, [0, 3], [0, 7], 0.25)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    for i in range(3):
+        s = torch.einsum("hd,nhd->hn", q[i], kk[: 4 + i + 1]) * 0.25
+        want = torch.einsum("hn,nhd->hd", s.softmax(-1), vv[: 4 + i + 1])
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_shapes(data):
+    num_reqs = data.draw(st.integers(1, 4))
+    q_lens = data.draw(st.lists(st.integers(0, 300), min_size=num_reqs, max_size=num_reqs))
+    ctx = data.draw(st.lists(st.integers(0, 1000), min_size=num_reqs, max_size=num_reqs))
+    ctx = [max(c, 1 - n) for c, n in zip(ctx, q_lens)]  # at least one token per request
+    block_size = data.draw(st.sampled_from([1, 8, 16, 32, 64, 128]))
+    heads, kv_heads = data.draw(st.sampled_from([(2, 2), (4, 1), (8, 1)]))
+    splits = data.draw(st.sampled_from([None, 1, 3]))
+    case, dense = make_case(q_lens, ctx, heads=heads, kv_heads=kv_heads, head_dim=16,
+                            block_size=block_size, seed=data.draw(st.integers(0, 10**6)))
+    check_all_three(case, dense, torch.float32, num_splits=splits)
+
+
+def test_plan_shapes_the_grid():
+    decode = plan_attention(32, 8, [1] * 64, [4096] * 64)
+    assert (decode.block_m, decode.block_q) == (16, 4)  # the group of 4 query heads, padded for tl.dot
+    assert decode.grid[:2] == (64, 8)
+    prefill = plan_attention(32, 8, [2048] * 4, [2048] * 4, num_splits=1)
+    assert prefill.block_q * 4 == prefill.block_m and prefill.grid[2] == -(-2048 // prefill.block_q)
+    assert plan_attention(4, 4, [1], [10_000], num_splits=6).grid == (1, 4, 6)
+
+
+# ------------------------------------------------------------------ refused inputs
+
+def _refused(case, exc, *words, **extra):
+    before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    for fn in (paged_attention, paged_attention_ref):
+        with pytest.raises(exc) as info:
+            fn(**case, **extra)
+        for w in words:
+            assert w in str(info.value), (w, str(info.value))
+    for k, v in before.items():
+        if isinstance(case[k], torch.Tensor) and case[k].shape == v.shape and case[k].device.type != "meta":
+            assert torch.equal(case[k], v)
+
+
+def test_out_of_range_block_id_names_request_and_column():
+    case, _ = make_case([2, 1], [20, 40], block_size=16, seed=1)
+    case["block_table"][1, 2] = case["key_cache"].shape[0]  # column 2 covers positions 32..40
+    _refused(case, IndexError, "block_table[1, 2]", "request 1", "column 2")
+    case["block_table"][1, 2] = -3
+    _refused(case, IndexError, "block_table[1, 2] = -3")
+
+
+def test_malformed_metadata_is_refused():
+    base, _ = make_case([2, 1], [5, 7], block_size=4, seed=2)
+
+    def variant(**changes):
+        c = dict(base)
+        c.update(changes)
+        return c
+
+    i32 = dict(dtype=torch.int32, device=DEV)
+    _refused(variant(seq_lens=torch.tensor([1, 8], **i32)), ValueError, "seq_lens[0] = 1", "2 new tokens")
+    _refused(variant(seq_lens=torch.tensor([0, 8], **i32), query_start_loc=torch.tensor([0, 0, 3], **i32)),
+             ValueError, "seq_lens[0] = 0")
+    _refused(variant(query_start_loc=torch.tensor([0, 3, 2], **i32)), ValueError, "query_start_loc")
+    _refused(variant(query_start_loc=torch.tensor([1, 2, 3], **i32)), ValueError, "query_start_loc[0]")
+    _refused(variant(query_start_loc=torch.tensor([0, 2, 4], **i32)), ValueError, "q has 3 tokens")
+    _refused(variant(seq_lens=base["seq_lens"].long()), TypeError, "seq_lens must be int32")
+    _refused(variant(block_table=base["block_table"][:, :1].contiguous()), ValueError, "columns")
+    _refused(variant(q=base["q"].half()), TypeError, "share one dtype")
+    _refused(variant(q=base["q"][:, :3].contiguous()), ValueError, "multiple of num_kv_heads")
+    _refused(variant(scale=float("nan")), TypeError, "scale")
+    _refused(base, ValueError, "num_splits", num_splits=0)
+
+
+def test_bad_head_dim_and_devices():
+    case, _ = make_case([1], [5], head_dim=16)
+    c = dict(case, q=torch.zeros(1, 4, 48, device=DEV), key_cache=torch.zeros(3, 16, 2, 48, device=DEV),
+             value_cache=torch.zeros(3, 16, 2, 48, device=DEV))
+    _refused(c, ValueError, "power of two", "48")
+    _refused(dict(case, q=case["q"].to("meta")), ValueError, "q is on the meta device")
+    if DEV.type == "cpu":
+        return
+    _refused(dict(case, seq_lens=case["seq_lens"].cpu()), ValueError, "one device")
+
+
+def test_scale_is_the_softmax_scale():
+    case, dense = make_case([3], [4], seed=11)
+    for scale in (0.05, 1.0):
+        c = dict(case, scale=scale)
+        out = paged_attention(**c)
+        want = dense_attention_ref(c["q"], dense["key"], dense["value"], c["query_start_loc"],
+                                   dense["kv_start_loc"], scale)
+        assert_close(out, want, torch.float32)
+    assert not math.isclose(paged_attention(**dict(case, scale=0.05)).sum().item(),
+                            paged_attention(**dict(case, scale=1.0)).sum().item())
