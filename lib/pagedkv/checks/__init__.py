@@ -12,3 +12,4 @@ from .ch03_block_pool import *  # noqa: F401,F403
 from .ch04_block_table import *  # noqa: F401,F403
 from .ch05_slot_mapping import *  # noqa: F401,F403
 from .ch06_copy_on_write import *  # noqa: F401,F403
+from .ch07_paged_attention import *  # noqa: F401,F403
