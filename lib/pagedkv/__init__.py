@@ -24,6 +24,8 @@ _SUBMODULES = {
     "token_pool",
     "scheduler_sim",
     "kernels",
+    "engine",
+    "model",
     "widgets",
     "checks",
     "calculator",
