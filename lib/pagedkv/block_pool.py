@@ -43,7 +43,8 @@ Public API (stable: ``kv_cache_manager`` and the views build on it)
       block are skipped. ``blocks`` is one request's block list and
       ``block_hashes`` its chained hashes (``pagedkv.hashing``).
     - ``get_cached_block(block_hash)`` -> the block cached under that hash, or
-      ``None``.
+      ``None`` (a key that is not a ``bytes`` or ``int`` hash is a
+      ``TypeError``: ``3.0`` and ``True`` would otherwise find ``3`` and ``1``).
     - ``get_num_free_blocks()``, ``get_usage()`` (fraction in use, null block
       excluded), ``reset_prefix_cache()`` (False, and nothing done, while any
       block but the null block is in use).
@@ -52,11 +53,32 @@ Public API (stable: ``kv_cache_manager`` and the views build on it)
     - ``subscribe(listener)`` / ``unsubscribe(listener)``: the observer hook.
       After each mutation the pool calls ``listener(pool, event)`` with a
       ``PoolEvent``. With no listener the only cost is one truth test per call.
+      ``deferred_events()``: a context manager that holds the notifications of
+      the mutations made inside it and delivers them, in order, when it exits,
+      so that a caller making several pool calls as one operation (the
+      manager's ``allocate_slots``) is observed only once it is consistent.
+
+Listeners cannot corrupt the pool. They run only after a mutation is complete,
+and an exception raised by a listener is contained: every other listener still
+runs, the operation returns normally, and the failure is reported as a
+``ListenerWarning`` (a ``RuntimeWarning``) naming the listener, the event and
+the exception. A view that breaks must not break the allocator it watches.
 
 Bad input (freeing a block whose ``ref_cnt`` is 0 or the null block, asking
-for more blocks than are free, removing an unlinked block...) raises
-``ValueError``/``TypeError`` naming the value, and leaves every structure as it
-was.
+for more blocks than are free, removing a block that is not in this queue...)
+raises ``ValueError``/``TypeError`` naming the value, and leaves every
+structure as it was.
+
+Where we are stricter than vLLM 0.33.0
+--------------------------------------
+- ``free_blocks`` and ``touch`` refuse the null block; vLLM skips it silently,
+  because its block tables hold the null block in place of blocks a sliding
+  window dropped. Our tables never hold it (one full-attention group, and
+  ``KVCacheManager.check()`` verifies it), so the null block reaching these
+  calls can only be a caller's mistake, and an error says where.
+- ``cache_full_blocks`` validates its range and its blocks (see there); vLLM
+  returns silently when ``num_cached_blocks >= num_full_blocks`` and asserts
+  only that a newly cached block has no hash yet.
 
 Block hashes may be ``bytes`` (``pagedkv.hashing``) or ``int``.
 """
@@ -64,8 +86,10 @@ Block hashes may be ``bytes`` (``pagedkv.hashing``) or ``int``.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import NamedTuple, Union
 
 __all__ = [
@@ -75,6 +99,7 @@ __all__ = [
     "BlockPool",
     "PoolEvent",
     "InvariantError",
+    "ListenerWarning",
 ]
 
 #: What a block hash may be: SHA-256 bytes from ``pagedkv.hashing``, or an int.
@@ -83,6 +108,10 @@ BlockHash = Union[bytes, int]
 
 class InvariantError(AssertionError):
     """``check()`` found a broken invariant; the message names it."""
+
+
+class ListenerWarning(RuntimeWarning):
+    """A pool listener raised; the pool contained the exception and stayed consistent."""
 
 
 def _as_count(value: object, what: str) -> int:
@@ -118,6 +147,10 @@ class KVCacheBlock:
     next_free_block: KVCacheBlock | None = None
     # The placeholder block 0: never allocated, freed or cached.
     is_null: bool = False
+    # The queue this block was last linked into, set by whoever links it (the
+    # queue, or BlockPool.free_blocks). Meaningful only while the block is
+    # linked: it lets ``remove`` refuse a block that sits in another queue.
+    _free_queue: FreeKVCacheBlockQueue | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def block_hash(self) -> BlockHash | None:
@@ -217,10 +250,19 @@ class FreeKVCacheBlockQueue:
         return ret
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink ``block`` from wherever it is in the queue, in O(1)."""
+        """Unlink ``block`` from wherever it is in the queue, in O(1).
+
+        Refused (``ValueError``, nothing changed) when the block is in no queue,
+        or linked into *another* queue: unlinking it here would corrupt that
+        queue and this queue's count at once.
+        """
+        if not isinstance(block, KVCacheBlock):
+            raise TypeError(f"expected a KVCacheBlock, got {type(block).__name__} {block!r}")
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise ValueError(f"block {block.block_id} is not in the free queue")
+        if block._free_queue is not self:
+            raise ValueError(f"block {block.block_id} is linked into another free queue, not this one")
         prev.next_free_block = nxt
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
@@ -239,6 +281,7 @@ class FreeKVCacheBlockQueue:
         last.next_free_block = block
         block.prev_free_block = last
         block.next_free_block = tail
+        block._free_queue = self
         tail.prev_free_block = block
         self.num_free_blocks += 1
 
@@ -280,6 +323,7 @@ class FreeKVCacheBlockQueue:
         nxt = prev.next_free_block
         for block in blocks:
             block.prev_free_block = prev
+            block._free_queue = self
             prev.next_free_block = block
             prev = block
         prev.next_free_block = nxt
@@ -362,6 +406,8 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._listeners: list[Listener] = []
+        # Events held back by deferred_events(), or None when delivered at once.
+        self._held_events: list[PoolEvent] | None = None
 
     # -- observer hook -----------------------------------------------------
 
@@ -377,9 +423,45 @@ class BlockPool:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def _emit(self, event: PoolEvent) -> None:
+    def _emit(self, event: PoolEvent, stacklevel: int = 3) -> None:
+        # Called only after a mutation is complete, so the pool is consistent
+        # whatever a listener does; a listener's exception is contained here.
+        if self._held_events is not None:
+            self._held_events.append(event)
+            return
         for listener in list(self._listeners):
-            listener(self, event)
+            try:
+                listener(self, event)
+            except Exception as exc:  # noqa: BLE001 -- a broken view must not break the allocator
+                warnings.warn(
+                    f"pool listener {listener!r} raised {type(exc).__name__}: {exc} on a "
+                    f"{event.kind!r} event; the pool is unaffected and the other listeners ran",
+                    ListenerWarning,
+                    stacklevel=stacklevel,  # the pool method's caller
+                )
+
+    @contextmanager
+    def deferred_events(self) -> Iterator[None]:
+        """Hold listener notifications until the ``with`` block ends, then deliver them in order.
+
+        For callers that make several pool calls as one operation: listeners
+        then see the operation only once the caller's own structures agree with
+        the pool. Nested uses deliver at the outermost exit. Events are
+        delivered even if the block raises (they describe mutations that did
+        happen).
+        """
+        if self._held_events is not None:  # nested: the outer block delivers
+            yield
+            return
+        self._held_events = held = []
+        try:
+            yield
+        finally:
+            self._held_events = None
+            if self._listeners:
+                for event in held:
+                    # The caller of the method that opened the ``with`` (past contextlib).
+                    self._emit(event, stacklevel=5)
 
     # -- allocation --------------------------------------------------------
 
@@ -455,12 +537,19 @@ class BlockPool:
         and are reused next (LIFO, warm in GPU caches). Those with a hash go to
         the *tail*, in order, keeping their hash: they are recycled last and
         stay matchable until then (LRU eviction of the prefix cache).
+
+        All or nothing: a block that is not held (``ref_cnt`` 0, or listed more
+        often than it is held), not this pool's, or the null block makes the
+        whole call a ``ValueError`` with nothing changed. vLLM skips the null
+        block silently because its tables hold it in place of blocks a sliding
+        window dropped; ours never do, so here it is a caller's mistake.
         """
         # The only allocation: the argument as a list, so that bad input can be
         # refused with nothing changed (an iterator cannot be walked twice).
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         pool_blocks = self.blocks
         caching = self.enable_caching
+        queue = self.free_block_queue
         # One pass: decrement, and chain the blocks that reach zero into two
         # private runs, in order: unhashed ones for the head, hashed ones for
         # the tail. The runs are spliced into the queue only after the whole
@@ -477,6 +566,9 @@ class BlockPool:
                 block.ref_cnt = ref_cnt
                 if ref_cnt == 0:
                     num_queued += 1
+                    # It will be linked into this queue. (An undo below leaves it
+                    # unlinked, where the tag means nothing.)
+                    block._free_queue = queue
                     if block._block_hash is None or not caching:
                         if head_last is None:
                             head_first = block
@@ -498,7 +590,6 @@ class BlockPool:
                 block.ref_cnt += 1
                 block.prev_free_block = block.next_free_block = None
             raise error from None
-        queue = self.free_block_queue
         if head_first is not None:  # head_first becomes the head: reused next
             head = queue.fake_free_list_head
             old_first = head.next_free_block
@@ -541,6 +632,9 @@ class BlockPool:
         A block nobody held is still in the free queue as an eviction
         candidate; it leaves the queue (O(1), from anywhere in it) so it cannot
         be recycled while in use.
+
+        The null block is refused, where vLLM skips it: vLLM's hits may contain
+        it (sliding-window groups), ours never do, so it can only be a mistake.
         """
         blocks = list(blocks)
         for block in blocks:  # validate everything first: nothing changes on error
@@ -576,6 +670,16 @@ class BlockPool:
         hit) and the null block are skipped. No-op when caching is disabled.
 
         Duplicates are kept, not merged (see ``cached_block_hash_to_block``).
+
+        Stricter than vLLM 0.33.0, which returns silently when
+        ``num_cached_blocks >= num_full_blocks`` and otherwise only asserts
+        that a newly cached block carries no hash. Here the whole range is
+        validated before anything is hashed, and each check names a real
+        mistake: ``num_cached_blocks > num_full_blocks`` or a range past the
+        block list (the caller's counters went wrong), a block that is free
+        (cached after it was freed), another pool's block, a hash that is not
+        ``bytes``/``int``, one block twice, or a block that already holds a
+        *different* hash (the request's hashes do not describe its blocks).
         """
         num_cached_blocks = _as_count(num_cached_blocks, "num_cached_blocks")
         num_full_blocks = _as_count(num_full_blocks, "num_full_blocks")
@@ -631,7 +735,18 @@ class BlockPool:
             self._emit(PoolEvent("cache", tuple(b.block_id for b, _ in todo)))
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """The block cached under ``block_hash`` (the first cached, if several), or None."""
+        """The block cached under ``block_hash`` (the first cached, if several), or None.
+
+        ``TypeError`` for a key that is not a ``bytes`` or ``int`` hash: ``3.0``
+        and ``True`` compare equal to ``3`` and ``1`` in a dict and would find
+        the blocks cached under those.
+        """
+        if type(block_hash) is not bytes and (
+            isinstance(block_hash, bool) or not isinstance(block_hash, (bytes, int))
+        ):
+            raise TypeError(
+                f"block_hash must be a bytes or int hash, got {type(block_hash).__name__} {block_hash!r}"
+            )
         same_hash = self.cached_block_hash_to_block.get(block_hash)
         if not same_hash:
             return None
@@ -698,6 +813,8 @@ class BlockPool:
                 fail("queue holds pool blocks", f"foreign block {block!r} in the free queue")
             if block.block_id in queued:
                 fail("links consistent", f"block {block.block_id} appears twice (a cycle)")
+            if block._free_queue is not queue:
+                fail("queued blocks know their queue", f"block {block.block_id} is not tagged with this queue")
             queued.add(block.block_id)
             if block.ref_cnt != 0:
                 fail("free <=> ref_cnt == 0", f"queued block {block.block_id} has ref_cnt {block.ref_cnt}")

@@ -8,12 +8,21 @@ a plain-Python model that knows nothing about linked lists.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pagedkv.block_pool import BlockPool, FreeKVCacheBlockQueue, InvariantError, KVCacheBlock, PoolEvent
+from pagedkv.block_pool import (
+    BlockPool,
+    FreeKVCacheBlockQueue,
+    InvariantError,
+    KVCacheBlock,
+    ListenerWarning,
+    PoolEvent,
+)
 from pagedkv.hashing import hash_request_tokens
 
 H = [bytes([i]) * 32 for i in range(16)]  # distinct stand-in hashes for scenarios
@@ -245,6 +254,57 @@ def test_observer_reports_each_mutation_after_it_happened():
     assert len(events) == 8  # nothing after unsubscribing
 
 
+def test_cached_blocks_are_found_by_bytes_and_int_hashes_only():
+    pool = BlockPool(6)
+    a = pool.get_new_blocks(3)
+    pool.cache_full_blocks(a, [3, 1, H[0]], 0, 3)  # int hashes are allowed, as are bytes
+    assert pool.get_cached_block(3) is a[0] and pool.get_cached_block(1) is a[1] and pool.get_cached_block(H[0]) is a[2]
+    for key in (3.0, True, 1.0 + 0j):  # equal to 3 or 1 in a dict, but not hashes
+        with pytest.raises(TypeError, match="block_hash must be a bytes or int hash"):
+            pool.get_cached_block(key)
+    assert pool.get_cached_block(4) is None
+
+
+def test_a_raising_listener_is_contained_and_reported():
+    pool = BlockPool(6)
+    calls = []
+
+    def broken(p, event):
+        p.check()  # the pool is consistent when a listener runs
+        raise KeyError("view bug")
+
+    pool.subscribe(broken)
+    pool.subscribe(lambda p, event: calls.append(event.kind))  # a later listener still runs
+    before_free = pool.get_num_free_blocks()
+    with pytest.warns(ListenerWarning, match=r"raised KeyError: 'view bug' on a 'allocate' event") as record:
+        blocks = pool.get_new_blocks(2)
+    assert record[0].filename == __file__  # reported where the pool was called
+    assert [b.ref_cnt for b in blocks] == [1, 1] and pool.get_num_free_blocks() == before_free - 2
+    with pytest.warns(ListenerWarning, match="'free' event"):
+        pool.free_blocks(reversed(blocks))
+    assert calls == ["allocate", "free"]
+    pool.check()
+
+
+def test_deferred_events_are_delivered_in_order_when_the_block_ends():
+    pool = BlockPool(6)
+    events = []
+    pool.subscribe(lambda p, event: events.append((event.kind, p.get_num_free_blocks())))
+    with pool.deferred_events():
+        a = pool.get_new_blocks(2)
+        with pool.deferred_events():  # nested: the outer block delivers
+            pool.cache_full_blocks(a, H[:1], 0, 1)
+        assert events == []
+        pool.free_blocks([a[1]])
+    assert events == [("allocate", 4), ("cache", 4), ("free", 4)]  # each sees the state at delivery
+    with pytest.raises(ZeroDivisionError):
+        with pool.deferred_events():
+            pool.free_blocks([a[0]])
+            1 / 0
+    assert events[-1] == ("free", 5)  # delivered even though the block raised
+    pool.check()
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -276,6 +336,11 @@ def _pool_with_request():
         ("cache a free block", ValueError, "ref_cnt 0"),
         ("cache a float hash", TypeError, "1.5"),
         ("cache the same block twice", ValueError, "appears twice"),
+        ("look up a float hash", TypeError, "block_hash must be a bytes or int hash, got float 3.0"),
+        ("look up True", TypeError, "block_hash must be a bytes or int hash, got bool True"),
+        ("look up a list", TypeError, "got list"),
+        ("remove a block of the pool's queue from another queue", ValueError,
+         "block 4 is linked into another free queue"),
     ],
 )
 def test_bad_input_raises_a_named_error_and_changes_nothing(name, exc, words):
@@ -301,6 +366,11 @@ def test_bad_input_raises_a_named_error_and_changes_nothing(name, exc, words):
         "cache a free block": lambda: pool.cache_full_blocks([a[2], free_block], [H[2], H[3]], 0, 2),
         "cache a float hash": lambda: pool.cache_full_blocks(a, [H[0], H[1], 1.5], 0, 3),
         "cache the same block twice": lambda: pool.cache_full_blocks([a[2], a[2]], [H[2], H[3]], 0, 2),
+        "look up a float hash": lambda: pool.get_cached_block(3.0),
+        "look up True": lambda: pool.get_cached_block(True),
+        "look up a list": lambda: pool.get_cached_block([1]),
+        "remove a block of the pool's queue from another queue":
+            lambda: FreeKVCacheBlockQueue([KVCacheBlock(9)]).remove(free_block),
     }
     before = snapshot(pool)
     with pytest.raises(exc) as info:
@@ -331,6 +401,16 @@ def test_queue_bad_input_raises_and_changes_nothing():
         q.append_n([popped[1], popped[1]])
     with pytest.raises(TypeError, match="int 7"):
         q.prepend_n([popped[0], 7])
+    other_blocks = [KVCacheBlock(10 + i) for i in range(3)]
+    other = FreeKVCacheBlockQueue(other_blocks)
+    other_before = ids(other.get_all_free_blocks()), other.num_free_blocks
+    with pytest.raises(ValueError, match="block 11 is linked into another free queue, not this one"):
+        q.remove(other_blocks[1])  # linked, but into `other`: unlinking it here would corrupt both
+    with pytest.raises(ValueError, match="block 2 is linked into another free queue"):
+        other.remove(blocks[2])
+    with pytest.raises(TypeError, match="expected a KVCacheBlock, got int 3"):
+        q.remove(3)
+    assert (ids(other.get_all_free_blocks()), other.num_free_blocks) == other_before
     assert state() == before
     q.popleft_n(2)
     with pytest.raises(ValueError, match="No free blocks available"):
@@ -625,6 +705,36 @@ class BlockPoolMachine(RuleBasedStateMachine):
         BlockPoolMachine.operations += 1
         self._refused(lambda: self.pool.free_blocks([self.pool.null_block]))
 
+    @rule(data=st.data())
+    def other_invalid_calls(self, data):
+        """Lookups by non-hash keys, and removing a block from a queue it is not in."""
+        BlockPoolMachine.operations += 1
+        pool = self.pool
+        stranger = FreeKVCacheBlockQueue([KVCacheBlock(99)])
+        calls = [
+            (lambda: pool.get_cached_block(data.draw(st.sampled_from([0.0, 1.0, True, False, None, "h"]))),
+             TypeError),
+            (lambda: stranger.remove(data.draw(st.sampled_from(pool.blocks))), ValueError),
+            (lambda: pool.touch([pool.null_block]), ValueError),
+        ]
+        queued = pool.free_block_queue.get_all_free_blocks()
+        if queued:
+            calls.append((lambda: stranger.remove(data.draw(st.sampled_from(queued))), ValueError))
+        call, exc = data.draw(st.sampled_from(calls))
+        self._refused(call, exc)
+
+    @rule(on=st.booleans())
+    def flaky_listener(self, on):
+        """A listener that raises on every event must not change what the pool does."""
+        if not on:
+            self.pool._listeners.clear()
+        elif not self.pool._listeners:
+            def broken(p, event):
+                p.check()
+                raise RuntimeError("broken view")
+
+            self.pool.subscribe(broken)
+
     @invariant()
     def matches_the_model(self):
         BlockPoolMachine.checks += 1
@@ -641,6 +751,14 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
 def test_block_pool_matches_an_independent_model_over_5000_operations():
     BlockPoolMachine.operations = BlockPoolMachine.checks = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ListenerWarning)  # the flaky listener's, tested above
+        _run_block_pool_machine()
+    assert BlockPoolMachine.operations >= 5000, f"only {BlockPoolMachine.operations} operations"
+    assert BlockPoolMachine.checks >= BlockPoolMachine.operations  # check() after each one
+
+
+def _run_block_pool_machine():
     run_state_machine_as_test(
         BlockPoolMachine,
         settings=settings(
@@ -650,8 +768,6 @@ def test_block_pool_matches_an_independent_model_over_5000_operations():
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    assert BlockPoolMachine.operations >= 5000, f"only {BlockPoolMachine.operations} operations"
-    assert BlockPoolMachine.checks >= BlockPoolMachine.operations  # check() after each one
 
 
 # ---------------------------------------------------------------- the benchmark's contrast pool
