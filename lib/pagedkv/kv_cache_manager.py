@@ -75,11 +75,23 @@ def _as_int(value, what: str, minimum: int) -> int:
     return int(value)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _check_tokens(token_ids, what: str) -> list[int]:
-    tokens = list(token_ids)
+    """Validate token ids as the hashes will need them: integers that fit in 64 bits."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} {token_ids!r}")
+    try:
+        tokens = list(token_ids)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} "
+                        f"{token_ids!r}") from None
     for i, t in enumerate(tokens):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"{what}[{i}] = {t!r} is not an integer token id")
+        if not _INT64_MIN <= t <= _INT64_MAX:
+            raise ValueError(f"{what}[{i}] = {t} does not fit in 64 bits (token ids are int64)")
     return [int(t) for t in tokens]
 
 
@@ -137,7 +149,11 @@ class Request:
         self._extend_hashes()
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append sampled tokens (one int or a list); full hash blocks get their hash at once."""
+        """Append sampled tokens (one int or a list); full hash blocks get their hash at once.
+
+        Every token is validated (an int that fits in 64 bits) and the count is
+        checked against ``max_tokens`` before anything is appended.
+        """
         tokens = _check_tokens([token_ids] if isinstance(token_ids, numbers.Integral) and not isinstance(token_ids, bool)
                                else token_ids, "token_ids")
         if self.num_output_tokens + len(tokens) > self.max_tokens:
@@ -186,6 +202,14 @@ class KVCacheManager:
             is ever needed).
         watermark: fraction of the blocks an *admission* (a request's first
             allocation) must leave free, so running requests can keep growing.
+            As in vLLM, it applies only while other requests are scheduled
+            (see ``allocate_slots``'s ``has_scheduled_reqs``): a request that
+            fits the whole pool may run alone.
+
+    Request ids are the keys of every per-request table, so they must be unique
+    among live requests: a *different* ``Request`` object with the id of one
+    that holds blocks is refused by ``get_computed_blocks``, ``allocate_slots``
+    and ``free`` (it would otherwise be handed the other request's blocks).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
@@ -203,6 +227,8 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         # request id -> its blocks in logical order (the scheduler-side block table).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request id -> the Request object that holds those blocks (same keys as req_to_blocks).
+        self._holders: dict[str, Request] = {}
         # request id -> how many of its leading full blocks are in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         # request id -> how many of its leading hash blocks have had their partial entry considered.
@@ -241,7 +267,17 @@ class KVCacheManager:
     def _bind(self, request: Request) -> None:
         if not isinstance(request, Request):
             raise TypeError(f"expected a Request, got {type(request).__name__} {request!r}")
+        self._check_holder(request)
         request.bind_hash_block_size(self.hash_block_size)
+
+    def _check_holder(self, request: Request) -> None:
+        """Refuse a Request object whose id is held by a *different* live Request object."""
+        holder = self._holders.get(request.request_id)
+        if holder is not None and holder is not request:
+            raise ValueError(
+                f"request id {request.request_id!r} is held by another live Request object "
+                f"({holder!r}); ids must be unique among live requests (free the other one first)"
+            )
 
     def _find_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix, without touching anything."""
@@ -287,19 +323,39 @@ class KVCacheManager:
     # ---------------------------------------------------------- allocation
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_lookahead_tokens: int = 0, *,
+                       has_scheduled_reqs: bool | None = None) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` tokens (after any prefix hit); return the new blocks or ``None``.
 
         Args:
             request: the request; its ``num_computed_tokens`` is where this step starts.
-            num_new_tokens: tokens computed this step (at least 1).
+            num_new_tokens: tokens computed this step, at least 1, and no more
+                than the request has: ``num_computed_tokens +
+                num_new_computed_tokens + num_new_tokens <= request.num_tokens``.
+                vLLM also accepts unverified speculative draft tokens past
+                ``num_tokens`` (slots for them, capped at ``max_model_len``, but
+                cached only up to the real tokens); this book leaves speculative
+                decoding out, so such a call is a ``ValueError`` that says so.
             num_new_computed_tokens, new_computed_blocks: a prefix hit from
                 ``get_computed_blocks``, for a request that holds no blocks yet.
-            num_lookahead_tokens: extra slots (speculative tokens), not cached.
+            num_lookahead_tokens: extra slots past this step's tokens, never
+                cached (vLLM's, for draft models with a KV cache). The manager
+                knows no ``max_model_len``, so unlike vLLM it does not cap
+                them: the scheduler keeps requests within the context window.
+            has_scheduled_reqs: vLLM's name and meaning: whether other requests
+                are already scheduled to run this step. The admission watermark
+                applies only when they are, so a request that fits the whole
+                pool, but not the pool minus the watermark, runs when alone.
+                ``None`` (the default) infers it as vLLM's scheduler computes it
+                (``bool(self.running)``): another request holds blocks here.
+                (vLLM's own default is ``True``; its scheduler always passes
+                the real value, and so does ours by default.) Pass ``True`` to
+                apply the watermark regardless.
 
         Returns the blocks allocated by this call (a copy-on-write block first,
         if any), or ``None`` when they do not fit; then nothing has changed.
         Raises ``TypeError``/``ValueError`` for bad arguments, also before any change.
+        Pool listeners are notified once the whole allocation is done.
         """
         self._bind(request)
         B, h, r = self.block_size, self.hash_block_size, self.hashes_per_block
@@ -320,10 +376,14 @@ class KVCacheManager:
         if request.num_computed_tokens > len(req_blocks) * B:
             raise ValueError(f"request {rid!r} says num_computed_tokens={request.num_computed_tokens}, "
                              f"more than its {len(req_blocks)} blocks hold")
+        if has_scheduled_reqs is not None and not isinstance(has_scheduled_reqs, bool):
+            raise TypeError(f"has_scheduled_reqs must be a bool or None, got "
+                            f"{type(has_scheduled_reqs).__name__} {has_scheduled_reqs!r}")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         if num_computed + num_new_tokens > request.num_tokens:
             raise ValueError(f"request {rid!r} has {request.num_tokens} tokens; cannot compute "
-                             f"{num_new_tokens} after {num_computed}")
+                             f"{num_new_tokens} after {num_computed} (tokens past num_tokens would be "
+                             "speculative draft tokens, which this book leaves out)")
         if hit:
             self._validate_hit(request, hit, num_new_computed_tokens)
         partial_hit = bool(hit) and num_new_computed_tokens % B != 0
@@ -333,30 +393,37 @@ class KVCacheManager:
         num_new_blocks = max(num_required - len(req_blocks) - len(hit), 0)
         num_to_allocate = num_new_blocks + partial_hit  # the private copy is one more block
         num_evictable_hits = sum(1 for b in hit if b.ref_cnt == 0)  # touching takes them off the queue
-        watermark = self.watermark_blocks if not req_blocks else 0
+        # The watermark holds back an admission (a request with no blocks: vLLM's
+        # WAITING or PREEMPTED) only while other requests are scheduled.
+        if has_scheduled_reqs is None:
+            has_scheduled_reqs = len(self.req_to_blocks) > (rid in self.req_to_blocks)
+        watermark = self.watermark_blocks if not req_blocks and has_scheduled_reqs else 0
         if num_to_allocate + num_evictable_hits > self.block_pool.get_num_free_blocks() - watermark:
             return None
 
-        # From here on nothing can fail. Touch hits first, so the pops below cannot take them.
-        self.block_pool.touch(hit)
-        req_blocks = self.req_to_blocks.setdefault(rid, req_blocks)
-        req_blocks.extend(hit)
-        self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
-        self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
-        new_blocks = self._get_new_blocks(num_to_allocate)
-        if partial_hit:
-            cow = new_blocks[0]
-            self._apply_cow(req_blocks, len(hit) - 1, cow)
-        req_blocks.extend(new_blocks[partial_hit:])
+        # From here on nothing can fail. Listeners hear of it once it is all done.
+        with self.block_pool.deferred_events():
+            # Touch hits first, so the pops below cannot take them.
+            self.block_pool.touch(hit)
+            req_blocks = self.req_to_blocks.setdefault(rid, req_blocks)
+            self._holders[rid] = request
+            req_blocks.extend(hit)
+            self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
+            self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
+            new_blocks = self._get_new_blocks(num_to_allocate)
+            if partial_hit:
+                cow = new_blocks[0]
+                self._apply_cow(req_blocks, len(hit) - 1, cow)
+            req_blocks.extend(new_blocks[partial_hit:])
 
-        # Full blocks are cached as soon as the step that fills them is scheduled.
-        if self.enable_caching:
-            num_full = min(num_computed + num_new_tokens, request.num_tokens) // B
-            if num_full > self.num_cached_block[rid]:
-                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
-                                                  self.num_cached_block[rid], num_full)
-                self.num_cached_block[rid] = num_full
-            self._record_partial_entries(request)
+            # Full blocks are cached as soon as the step that fills them is scheduled.
+            if self.enable_caching:
+                num_full = min(num_computed + num_new_tokens, request.num_tokens) // B
+                if num_full > self.num_cached_block[rid]:
+                    self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
+                                                      self.num_cached_block[rid], num_full)
+                    self.num_cached_block[rid] = num_full
+                self._record_partial_entries(request)
         return new_blocks
 
     def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
@@ -454,13 +521,27 @@ class KVCacheManager:
 
         Computed partial prefixes are entered into the cache before the blocks go
         back, so a request that returns can hit them until they are reused.
+
+        A request that holds no blocks (aborted while waiting, or already freed)
+        is a no-op, as in vLLM. A ``Request`` object whose id is held by a
+        *different* live ``Request`` object is refused (``ValueError``).
         """
-        rid = request if isinstance(request, str) else getattr(request, "request_id", None)
-        blocks = self._blocks_of(rid)
-        if isinstance(request, Request) and self.enable_caching:
-            self._record_partial_entries(request)
-        del self.req_to_blocks[rid], self.num_cached_block[rid], self.num_partial_recorded[rid]
-        self.block_pool.free_blocks(reversed(blocks))
+        if isinstance(request, Request):
+            rid = request.request_id
+            self._check_holder(request)
+        else:
+            rid = request
+            if not isinstance(rid, str):
+                raise TypeError(f"expected a Request or a request id, got {type(rid).__name__} {rid!r}")
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None:
+            return
+        with self.block_pool.deferred_events():
+            if isinstance(request, Request) and self.enable_caching:
+                self._record_partial_entries(request)
+            del self.req_to_blocks[rid], self.num_cached_block[rid], self.num_partial_recorded[rid]
+            del self._holders[rid]
+            self.block_pool.free_blocks(reversed(blocks))
 
     def _blocks_of(self, request_id) -> list[KVCacheBlock]:
         if not isinstance(request_id, str):
@@ -472,10 +553,11 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix, full and partial; refused (False) while any block is in use."""
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        self.partial_hash_to_block.clear()
-        self._partial_hashes_by_block.clear()
+        with self.block_pool.deferred_events():
+            if not self.block_pool.reset_prefix_cache():
+                return False
+            self.partial_hash_to_block.clear()
+            self._partial_hashes_by_block.clear()
         return True
 
     # ------------------------------------------------------------ invariants
@@ -488,6 +570,9 @@ class KVCacheManager:
 
         pool = self.block_pool
         pool.check()
+        require(self._holders.keys() == self.req_to_blocks.keys()
+                and all(r.request_id == rid for rid, r in self._holders.items()),
+                "one holder per table", f"holders {sorted(self._holders)}, tables {sorted(self.req_to_blocks)}")
         expected = [0] * pool.num_gpu_blocks
         for rid, blocks in self.req_to_blocks.items():
             require(len({id(b) for b in blocks}) == len(blocks), "a table has no duplicate blocks",

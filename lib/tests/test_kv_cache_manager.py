@@ -12,6 +12,7 @@ that read-back.
 from __future__ import annotations
 
 import random
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedkv.block_pool import InvariantError
+from pagedkv.block_pool import InvariantError, ListenerWarning
 from pagedkv.kv_cache_manager import KVCacheManager, PrefixCacheStats, Request
 
 
@@ -151,8 +152,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         req = self.sim.reqs[rid]
         self.sim.free(rid)
         before = snapshot(self.sim.m)
-        with pytest.raises(KeyError, match="already freed"):
-            self.sim.m.free(req)  # a double free is refused
+        self.sim.m.free(req)  # a second free finds no blocks: a no-op, as in vLLM
         assert snapshot(self.sim.m) == before
 
     @precondition(lambda self: self.sim.inflight)
@@ -162,25 +162,61 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def bad_input_changes_nothing(self, data):
+        """An invalid call (or a no-op) between valid ones: an error, and the full state unchanged."""
         m = self.sim.m
         before = snapshot(m)
         calls = [
-            (lambda: m.free("nobody"), KeyError),
+            (lambda: m.free("nobody"), None),  # holds no blocks: a no-op, as in vLLM
+            (lambda: m.free(3), TypeError),
             (lambda: m.acknowledge_copies([(0, 10**6)]), ValueError),
+            (lambda: m.block_pool.get_cached_block(1.0), TypeError),
+            (lambda: m.block_pool.free_blocks([m.block_pool.null_block]), ValueError),
         ]
         for waiting in self.sim.waiting()[:1]:
-            calls.append((lambda: m.free(waiting), KeyError))  # never allocated
+            req = self.sim.reqs[waiting]
+            calls += [
+                (lambda: m.free(waiting), None),  # never allocated (aborted while waiting): a no-op
+                (lambda: m.allocate_slots(req, req.num_tokens + 1), ValueError),  # draft tokens
+                (lambda: m.allocate_slots(req, 1, has_scheduled_reqs=1), TypeError),
+            ]
         for running in self.sim.running()[:1]:
             req = self.sim.reqs[running]
+            impostor = Request(running, req.all_token_ids, max_tokens=req.max_tokens)  # same id, other object
             calls += [
                 (lambda: m.allocate_slots(req, 0), ValueError),
                 (lambda: m.allocate_slots(req, req.num_tokens - req.num_computed_tokens + 1), ValueError),
                 (lambda: m.get_computed_blocks(req), ValueError),
+                (lambda: m.allocate_slots(impostor, 1), ValueError),
+                (lambda: m.get_computed_blocks(impostor), ValueError),
+                (lambda: m.free(impostor), ValueError),
+                (lambda: req.append_output_token_ids([1, 2**70]), ValueError),
             ]
         call, exc = data.draw(st.sampled_from(calls))
-        with pytest.raises(exc):
+        tokens = {rid: list(r.all_token_ids) for rid, r in self.sim.reqs.items()}
+        if exc is None:
             call()
+        else:
+            with pytest.raises(exc):
+                call()
         assert snapshot(m) == before
+        assert {rid: list(r.all_token_ids) for rid, r in self.sim.reqs.items()} == tokens
+        m.check()
+
+    @rule(on=st.booleans())
+    def flaky_listener(self, on):
+        """A listener that checks the manager on every event, then raises: the manager must not care."""
+        pool = self.sim.m.block_pool
+        if not on:
+            pool._listeners.clear()
+            return
+        if pool._listeners:
+            return
+
+        def listener(p, event):
+            self.sim.m.check()  # notified only once the manager agrees with the pool
+            raise RuntimeError("a broken view")
+
+        pool.subscribe(listener)
 
     @invariant()
     def consistent(self):
@@ -188,7 +224,20 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
             self.sim.verify()
 
 
-TestKVCacheManagerMachine = KVCacheManagerMachine.TestCase
+class _QuietMachine(KVCacheManagerMachine):
+    """The machine with the flaky listener's warnings silenced (they are tested below)."""
+
+    def __init__(self):
+        super().__init__()
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore", ListenerWarning)
+
+    def teardown(self):
+        self._warnings.__exit__(None, None, None)
+
+
+TestKVCacheManagerMachine = _QuietMachine.TestCase
 TestKVCacheManagerMachine.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -334,14 +383,45 @@ def test_watermark_applies_to_admission_only():
     assert m.watermark_blocks == 2
     a = Request("a", list(range(36)), max_tokens=8)
     before = snapshot(m)
-    assert m.allocate_slots(a, 36) is None  # 9 blocks + 2 watermark > 10 free
+    assert m.allocate_slots(a, 36, has_scheduled_reqs=True) is None  # 9 blocks + 2 watermark > 10 free
     assert snapshot(m) == before
     assert m.allocate_slots(a, 28) is not None  # 7 blocks, 3 left
     a.num_computed_tokens = 28
     c = Request("c", list(range(100, 108)), max_tokens=1)
-    assert m.allocate_slots(c, 8) is None  # 2 blocks + 2 watermark > 3 free
+    before = snapshot(m)
+    assert m.allocate_slots(c, 8) is None  # a is running: 2 blocks + 2 watermark > 3 free
+    assert snapshot(m) == before
     assert m.allocate_slots(a, 4, num_lookahead_tokens=8) is not None  # a running request may use them
     m.check()
+
+
+def test_watermark_is_waived_when_nothing_else_is_scheduled():
+    """vLLM 0.33.0 applies the watermark only with has_scheduled_reqs: a lone request may use the whole pool."""
+    m = KVCacheManager(num_blocks=8, block_size=16, watermark=0.2)  # 7 usable blocks, watermark 1
+    assert m.watermark_blocks == 1
+    big = Request("big", list(range(110)), max_tokens=4)  # 110 tokens: 7 blocks
+    before = snapshot(m)
+    assert m.allocate_slots(big, 110, has_scheduled_reqs=True) is None  # 7 + 1 > 7, as before
+    assert snapshot(m) == before
+    assert [b.block_id for b in m.allocate_slots(big, 110)] == [1, 2, 3, 4, 5, 6, 7]  # alone: inferred False
+    m.check()
+    m.free(big)
+    # With another request running, the default infers has_scheduled_reqs=True ...
+    small = Request("small", [1, 2, 3], max_tokens=1)
+    m.allocate_slots(small, 3)
+    other = Request("other", list(range(200, 280)), max_tokens=1)  # 5 blocks; 6 free, watermark 1
+    before = snapshot(m)
+    assert m.allocate_slots(other, 80) is not None  # 5 + 1 <= 6
+    m.free(other)
+    late = Request("late", list(range(300, 396)), max_tokens=1)  # 6 blocks
+    before = snapshot(m)
+    assert m.allocate_slots(late, 96) is None  # 6 + 1 > 6 free while small runs
+    assert snapshot(m) == before
+    # ... and an explicit value overrides the inference, in both directions.
+    assert m.allocate_slots(late, 96, has_scheduled_reqs=False) is not None
+    m.check()
+    with pytest.raises(TypeError, match="has_scheduled_reqs must be a bool or None, got str 'no'"):
+        m.allocate_slots(Request("x", [1]), 1, has_scheduled_reqs="no")
 
 
 def test_free_releases_tail_first_and_keeps_hashes():
@@ -353,8 +433,11 @@ def test_free_releases_tail_first_and_keeps_hashes():
     order = [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()]
     assert order[0] == ids[2]  # the unhashed tail is reused first
     assert order[-2:] == [ids[1], ids[0]]  # hashed blocks at the tail, the later prefix evicted first
-    with pytest.raises(KeyError, match="already freed"):
-        m.free(a)
+    before = snapshot(m)
+    m.free(a)  # already freed: a no-op, as in vLLM
+    m.free("never-seen")  # aborted while waiting, never allocated: a no-op too
+    assert snapshot(m) == before
+    m.check()
 
 
 def test_copy_ends_stay_referenced_until_acknowledged():
@@ -476,8 +559,8 @@ def test_bad_allocation_arguments_change_nothing():
         (lambda: m.allocate_slots(b, 1, num_lookahead_tokens=-1), ValueError, "num_lookahead_tokens"),
         (lambda: m.allocate_slots("b", 1), TypeError, "expected a Request"),
         (lambda: m.get_block_ids("b"), KeyError, "request 'b' holds no blocks"),
-        (lambda: m.free(b), KeyError, "never allocated, or already freed"),
         (lambda: m.free(3), TypeError, "expected a Request or a request id"),
+        (lambda: m.allocate_slots(b, 13), ValueError, "speculative draft tokens, which this book leaves out"),
     ]
     for call, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -511,3 +594,93 @@ def test_check_names_a_broken_reference_count():
     m.req_to_blocks["a"][0].ref_cnt += 1
     with pytest.raises(InvariantError, match="ref_cnt = table entries"):
         m.check()
+
+
+# ------------------------------------------------------------ hardening
+def test_a_second_request_object_with_a_live_id_is_refused():
+    m = KVCacheManager(num_blocks=20, block_size=4)
+    a = Request("a", list(range(10)), max_tokens=2)
+    _run_prefill(m, a)
+    impostor = Request("a", [9, 9, 9, 9, 9], max_tokens=1)  # another object under a's id
+    before = snapshot(m)
+    for call in (lambda: m.allocate_slots(impostor, 5), lambda: m.get_computed_blocks(impostor),
+                 lambda: m.free(impostor)):
+        with pytest.raises(ValueError, match="request id 'a' is held by another live Request object"):
+            call()
+        assert snapshot(m) == before
+    m.check()
+    m.free("a")  # by id, the holder is freed
+    assert m.allocate_slots(impostor, 5) is not None  # now the id is free for the new object
+    m.check()
+
+
+def test_freeing_a_request_that_never_got_blocks_is_a_no_op():
+    m = KVCacheManager(num_blocks=10, block_size=4)
+    a = Request("a", list(range(6)), max_tokens=1)
+    _run_prefill(m, a)
+    before = snapshot(m)
+    m.free(Request("waiting", [1, 2, 3]))  # aborted while waiting
+    m.free("waiting")
+    assert snapshot(m) == before
+    m.check()
+
+
+def test_draft_tokens_are_refused_with_a_reason():
+    m = KVCacheManager(num_blocks=10, block_size=4)
+    a = Request("a", list(range(6)), max_tokens=4)
+    before = snapshot(m)
+    with pytest.raises(ValueError, match=r"has 6 tokens; cannot compute 8 after 0 \(tokens past num_tokens would "
+                                         r"be speculative draft tokens, which this book leaves out\)"):
+        m.allocate_slots(a, 8)
+    assert snapshot(m) == before
+    assert m.allocate_slots(a, 6, num_lookahead_tokens=2) is not None  # lookahead slots: 8 tokens, 2 blocks
+    assert len(m.get_block_ids("a")) == 2
+    assert m.num_cached_block["a"] == 1  # only the real, full block is cached
+    m.check()
+
+
+def test_token_ids_must_fit_in_64_bits_before_anything_changes():
+    with pytest.raises(ValueError, match=r"prompt_token_ids\[1\] = 1180591620717411303424 does not fit in 64 bits"):
+        Request("r", [1, 2**70])
+    with pytest.raises(TypeError, match="prompt_token_ids must be a sequence of int token ids, got str"):
+        Request("r", "abc")
+    r = Request("r", [1, 2, 3], max_tokens=4, hash_block_size=2)
+    state = (list(r.all_token_ids), list(r.output_token_ids), list(r.block_hashes))
+    with pytest.raises(ValueError, match=r"token_ids\[1\] = -9223372036854775809 does not fit in 64 bits"):
+        r.append_output_token_ids([5, -(2**63) - 1])
+    with pytest.raises(TypeError, match="token_ids must be a sequence of int token ids, got bool True"):
+        r.append_output_token_ids(True)
+    assert (list(r.all_token_ids), list(r.output_token_ids), list(r.block_hashes)) == state
+    r.append_output_token_ids([5, 2**63 - 1])  # the extremes are fine
+    assert r.num_tokens == 5 and len(r.block_hashes) == 2
+
+
+def test_a_raising_listener_cannot_corrupt_allocate_slots():
+    """The listener fires once per pool event; it sees a consistent manager, and its exception becomes a warning."""
+    m = KVCacheManager(num_blocks=20, block_size=4, hash_block_size=2)
+    a = Request("a", list(range(10)), max_tokens=2)
+    _run_prefill(m, a)
+    a.append_output_token_ids(0)
+    m.allocate_slots(a, 1)
+    a.num_computed_tokens += 1
+    seen = []
+
+    def listener(pool, event):
+        m.check()  # the manager already agrees with the pool
+        seen.append(event.kind)
+        raise RuntimeError("boom")
+
+    m.block_pool.subscribe(listener)
+    b = Request("b", list(range(10)) + [7, 7, 7, 7, 7, 7], max_tokens=1)  # a partial hit: touch, allocate, cache
+    blocks, n = m.get_computed_blocks(b)
+    with pytest.warns(ListenerWarning) as record:
+        new = m.allocate_slots(b, b.num_tokens - n, n, blocks)
+    assert new is not None and seen == ["touch", "allocate", "cache"]
+    assert [str(w.message).split(" on a ")[1].split(" event")[0] for w in record] == ["'touch'", "'allocate'", "'cache'"]
+    assert all("raised RuntimeError: boom" in str(w.message) and w.filename == __file__ for w in record)
+    assert m.get_block_ids("b")[len(blocks):] == [blk.block_id for blk in new[1:]]
+    m.check()
+    with pytest.warns(ListenerWarning, match="'free' event"):
+        m.free(b)
+    assert "b" not in m.req_to_blocks
+    m.check()
