@@ -123,16 +123,23 @@ class BlockTable:
         self.num_blocks_per_row[row] = 0
 
     def move_row(self, src: int, tgt: int) -> None:
-        """Copy row ``src`` over row ``tgt`` (compacting the batch after a request leaves).
+        """Move row ``src`` into row ``tgt`` (compacting the batch after a request leaves).
 
-        ``src`` keeps its contents; the caller clears or reuses it.
+        As in vLLM 0.33.0, the vacated row ``src`` is cleared (zeros, length 0):
+        a stale row must not keep naming blocks that may be freed and handed to
+        another request. ``src == tgt`` is refused: vLLM would clear the row it
+        just moved, and a batch never compacts a row onto itself.
         """
         s, t = self._row(src, "src"), self._row(tgt, "tgt")
+        if s == t:
+            raise ValueError(f"move_row needs two different rows, got src = tgt = {s}")
         n = int(self.num_blocks_per_row[s])
         old = int(self.num_blocks_per_row[t])
         self.np[t, :n] = self.np[s, :n]
         self.np[t, n:old] = 0  # keep "cells past the length are 0"
         self.num_blocks_per_row[t] = n
+        self.np[s, :n] = 0
+        self.num_blocks_per_row[s] = 0
 
     def swap_row(self, a: int, b: int) -> None:
         """Exchange rows ``a`` and ``b`` (reordering the batch, e.g. to sort it)."""

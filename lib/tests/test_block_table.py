@@ -16,14 +16,15 @@ ROWS, WIDTH, BLOCK_SIZE = 4, 6, 4
 
 
 def snapshot(bt: BlockTable):
-    return bt.np.copy(), bt.num_blocks_per_row.copy(), bt.tensor.cpu().clone()
+    return bt.np.copy(), bt.num_blocks_per_row.copy(), bt.tensor.cpu().clone(), bt._committed_num_blocks.copy()
 
 
 def assert_unchanged(bt: BlockTable, snap) -> None:
-    np_, n, dev = snap
+    np_, n, dev, committed = snap
     assert np.array_equal(bt.np, np_)
     assert np.array_equal(bt.num_blocks_per_row, n)
     assert torch.equal(bt.tensor.cpu(), dev)
+    assert np.array_equal(bt._committed_num_blocks, committed)
 
 
 class BlockTableMachine(RuleBasedStateMachine):
@@ -63,8 +64,14 @@ class BlockTableMachine(RuleBasedStateMachine):
 
     @rule(src=row, tgt=row)
     def move(self, src, tgt):
+        if src == tgt:
+            snap = snapshot(self.bt)
+            with pytest.raises(ValueError, match=f"src = tgt = {src}"):
+                self.bt.move_row(src, tgt)
+            assert_unchanged(self.bt, snap)
+            return
         self.bt.move_row(src, tgt)
-        self.rows[tgt] = list(self.rows[src])
+        self.rows[tgt], self.rows[src] = list(self.rows[src]), []  # the vacated row is cleared
 
     @rule(a=row, b=row)
     def swap(self, a, b):
@@ -156,12 +163,17 @@ def test_uncommitted_blocks_are_refused_before_the_kernel():
     assert bt.compute_slot_mapping([0], [4], 4).cpu().tolist() == [40]
 
 
-def test_move_row_zeroes_the_stale_tail():
-    bt = BlockTable(2, 4, device="cpu")
+def test_move_row_zeroes_the_stale_tail_and_clears_the_vacated_row():
+    bt = BlockTable(3, 4, device="cpu")
     bt.add_row([1, 2, 3], 0)
     bt.add_row([4], 1)
+    bt.add_row([5, 6], 2)
     bt.move_row(1, 0)
     assert bt.np[0].tolist() == [4, 0, 0, 0]
+    assert bt.np[1].tolist() == [0, 0, 0, 0] and bt.num_blocks_per_row[1] == 0  # as vLLM 0.33.0 does
+    bt.move_row(2, 1)
+    assert bt.row(1) == [5, 6] and bt.row(2) == [] and bt.np[2].tolist() == [0, 0, 0, 0]
+    assert bt.num_blocks_per_row.tolist() == [1, 2, 0]
     bt.check()
 
 
@@ -176,6 +188,7 @@ def test_move_row_zeroes_the_stale_tail():
         (lambda bt: bt.append_row([1.5], 1), TypeError, "block_ids"),
         (lambda bt: bt.add_row([1, 2, 3, 4, 5], 1), ValueError, "5 blocks do not fit"),
         (lambda bt: bt.move_row(0, 9), IndexError, "tgt 9"),
+        (lambda bt: bt.move_row(0, 0), ValueError, "move_row needs two different rows, got src = tgt = 0"),
         (lambda bt: bt.swap_row(7, 0), IndexError, "a 7"),
         (lambda bt: bt.clear_row(5), IndexError, "row_idx 5"),
         (lambda bt: bt.commit(5), ValueError, "num_reqs must be in 0..4, got 5"),
