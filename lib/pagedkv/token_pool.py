@@ -49,9 +49,44 @@ def _count(value, name: str) -> int:
     return int(value)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT32_MAX = 2**31 - 1
+_WIDE_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+
+
+def _flat_items(x, prefix: str):
+    """(``name[i][j]...``, value) for every scalar of a nested list/tuple/array, in order."""
+    if isinstance(x, (list, tuple)) or (hasattr(x, "__len__") and hasattr(x, "__getitem__")
+                                        and not isinstance(x, (str, bytes, torch.Tensor)) and getattr(x, "ndim", 1)):
+        for i, item in enumerate(x):
+            yield from _flat_items(item, f"{prefix}[{i}]")
+    else:
+        yield prefix, x
+
+
+def _as_int_tensor(x, name: str) -> torch.Tensor:
+    """``torch.as_tensor(x)``, but a value torch cannot take becomes an error that names it."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (OverflowError, RuntimeError, TypeError, ValueError):
+            # Find the culprit: torch's own message ("Overflow when unpacking long") names neither.
+            for where, v in _flat_items(x, name):
+                if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                    raise TypeError(f"{where} = {v!r} is not an integer") from None
+                if not _INT64_MIN <= v <= _INT64_MAX:
+                    raise ValueError(f"{where} = {v} does not fit in int64") from None
+            raise TypeError(f"{name} must be a sequence of integers, got {type(x).__name__} {x!r}") from None
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no values; pass real indices")
+    return t
+
+
 def _index_tensor(x, name: str) -> torch.Tensor:
     """A 1-D int64 CPU tensor from a tensor, array or sequence of ints (for validation)."""
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    t = _as_int_tensor(x, name)
     if t.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
@@ -108,8 +143,18 @@ class ReqToTokenPool:
         self._allocated.difference_update(rows)
 
     def write(self, indices: tuple[int, slice], values) -> None:
-        """``req_to_token[indices] = values`` for an allocated row, as SGLang's ``write``."""
-        row, cols = indices
+        """``req_to_token[indices] = values`` for an allocated row, as SGLang's ``write``.
+
+        ``values`` are KV slot ids: integers (a tensor of an integer dtype, or a
+        sequence of ints) in ``0..2**31 - 1``, since the table is int32. Floats,
+        bools, negative ids and ids the table cannot hold are refused (the
+        table's cast would truncate or wrap them silently); nothing is written
+        unless every value is valid.
+        """
+        try:
+            row, cols = indices
+        except (TypeError, ValueError):
+            raise TypeError(f"indices must be (row, slice), got {indices!r}") from None
         if isinstance(row, bool) or not isinstance(row, numbers.Integral) or row not in self._allocated:
             raise ValueError(f"cannot write request row {row!r}: not an allocated row")
         if not isinstance(cols, slice):
@@ -117,10 +162,25 @@ class ReqToTokenPool:
         start, stop, step = cols.indices(self.max_context_len)
         if step != 1 or (cols.stop is not None and cols.stop > self.max_context_len):
             raise IndexError(f"columns {cols} fall outside the context window of {self.max_context_len}")
-        vals = torch.as_tensor(values).to(self.device, torch.int32)
+        vals = _as_int_tensor(values, "values")
+        if vals.numel() and (vals.dtype == torch.bool or vals.is_floating_point() or vals.is_complex()):
+            raise TypeError(f"values must be integer slot ids, got dtype {vals.dtype}")
+        if vals.dim() > 1:
+            raise ValueError(f"values must be 1-D, got shape {tuple(vals.shape)}")
         if vals.numel() != max(stop - start, 0):
             raise ValueError(f"{vals.numel()} values for {max(stop - start, 0)} columns {cols}")
-        self.req_to_token[row, start:stop] = vals
+        if vals.numel():
+            flat = vals.reshape(-1).cpu()
+            if flat.dtype in _WIDE_UNSIGNED:  # torch compares these poorly; they are rare: check in Python
+                bad_at = [i for i, v in enumerate(flat.tolist()) if v > _INT32_MAX]
+            else:
+                bad = (flat < 0) | (flat.to(torch.int64) > _INT32_MAX)
+                bad_at = bad.nonzero()[:, 0].tolist() if bool(bad.any()) else []
+            if bad_at:
+                i = bad_at[0]
+                raise ValueError(f"values[{i}] = {flat[i].item()} is not a slot id the int32 table can hold "
+                                 f"(must be in 0..{_INT32_MAX})")
+        self.req_to_token[row, start:stop] = vals.to(self.device, torch.int32)
 
     @property
     def metadata_bytes(self) -> int:

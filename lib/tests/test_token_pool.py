@@ -26,13 +26,25 @@ def assert_same_state(alloc, state):
 # -- ReqToTokenPool --------------------------------------------------------------------------------
 
 
+def req_state(pool: ReqToTokenPool):
+    """Everything a refused call must leave as it was."""
+    return list(pool.free_slots), set(pool._allocated), pool.req_to_token.clone()
+
+
+def assert_same_req_state(pool: ReqToTokenPool, state) -> None:
+    free, allocated, table = state
+    assert pool.free_slots == free and pool._allocated == allocated
+    assert torch.equal(pool.req_to_token, table)
+
+
 class ReqToTokenMachine(RuleBasedStateMachine):
-    SIZE = 6
+    SIZE, WIDTH = 6, 8
 
     def __init__(self):
         super().__init__()
-        self.pool = ReqToTokenPool(self.SIZE, 8, device="cpu")
+        self.pool = ReqToTokenPool(self.SIZE, self.WIDTH, device="cpu")
         self.held: set[int] = set()
+        self.table = torch.zeros((self.SIZE + 1, self.WIDTH), dtype=torch.int32)  # the oracle
 
     @rule(n=st.integers(0, 4))
     def alloc(self, n):
@@ -55,15 +67,56 @@ class ReqToTokenMachine(RuleBasedStateMachine):
     def free_unheld(self, row):
         if row in self.held:
             return
-        before = list(self.pool.free_slots)
+        before = req_state(self.pool)
         with pytest.raises(ValueError, match=f"cannot free request row {row}"):
             self.pool.free(row)
-        assert self.pool.free_slots == before
+        assert_same_req_state(self.pool, before)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), start=st.integers(0, WIDTH), n=st.integers(0, WIDTH))
+    def write(self, data, start, n):
+        row = data.draw(st.sampled_from(sorted(self.held)))
+        n = min(n, self.WIDTH - start)
+        values = data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n))
+        as_tensor = data.draw(st.booleans())
+        self.pool.write((row, slice(start, start + n)), torch.tensor(values, dtype=torch.int64) if as_tensor else values)
+        self.table[row, start:start + n] = torch.tensor(values, dtype=torch.int32)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def invalid_call(self, data):
+        """A bad row, slice or slot id between valid calls: an error, and the full state unchanged."""
+        row = data.draw(st.sampled_from(sorted(self.held)))
+        calls = [
+            (lambda: self.pool.write((row, slice(0, 3)), [1, 2, -1]), ValueError),  # a negative slot id
+            (lambda: self.pool.write((row, slice(0, 2)), [1, 2**32]), ValueError),  # wraps to 0 in int32
+            (lambda: self.pool.write((row, slice(0, 2)), [1, 2**31]), ValueError),  # wraps negative
+            (lambda: self.pool.write((row, slice(0, 2)), [1, 2**70]), ValueError),  # beyond int64
+            (lambda: self.pool.write((row, slice(0, 2)), [1.0, 2.5]), TypeError),  # would truncate
+            (lambda: self.pool.write((row, slice(0, 2)), torch.tensor([True, False])), TypeError),
+            (lambda: self.pool.write((row, slice(0, 2)), [[1, 2]]), ValueError),
+            (lambda: self.pool.write((row, slice(0, 2)), [1, 2, 3]), ValueError),
+            (lambda: self.pool.write((row, slice(7, 10)), [1, 2, 3]), IndexError),
+            (lambda: self.pool.write((0, slice(0, 1)), [1]), ValueError),  # the padding row
+            (lambda: self.pool.write(row, [1]), TypeError),
+            (lambda: self.pool.free([row, row]), ValueError),
+            (lambda: self.pool.free(1.0), TypeError),
+            (lambda: self.pool.alloc(-1), ValueError),
+            (lambda: self.pool.alloc(2.0), TypeError),
+        ]
+        call, exc = data.draw(st.sampled_from(calls))
+        before = req_state(self.pool)
+        with pytest.raises(exc):
+            call()
+        assert_same_req_state(self.pool, before)
+        self.pool.check()
 
     @invariant()
     def agrees(self):
         self.pool.check()
         assert self.pool.available_size() == self.SIZE - len(self.held)
+        for row in self.held:
+            assert torch.equal(self.pool.req_to_token[row], self.table[row])
 
 
 ReqToTokenMachine.TestCase.settings = SETTINGS
@@ -82,7 +135,8 @@ def test_req_to_token_write():
     pool = ReqToTokenPool(2, 8, device="cpu")
     (row,) = pool.alloc(1)
     pool.write((row, slice(0, 3)), [5, 6, 7])
-    assert pool.req_to_token[row, :4].tolist() == [5, 6, 7, 0]
+    pool.write((row, slice(3, 5)), torch.tensor([0, 2**31 - 1], dtype=torch.int64))  # the extremes fit
+    assert pool.req_to_token[row, :6].tolist() == [5, 6, 7, 0, 2**31 - 1, 0]
     snapshot = pool.req_to_token.clone()
     with pytest.raises(ValueError, match="cannot write request row 0"):
         pool.write((0, slice(0, 1)), [1])
@@ -90,6 +144,14 @@ def test_req_to_token_write():
         pool.write((row, slice(6, 10)), [1, 2, 3, 4])
     with pytest.raises(ValueError, match="2 values for 3 columns"):
         pool.write((row, slice(0, 3)), [1, 2])
+    with pytest.raises(ValueError, match=r"values\[1\] = -4 is not a slot id the int32 table can hold"):
+        pool.write((row, slice(0, 2)), [1, -4])
+    with pytest.raises(ValueError, match=r"values\[0\] = 4294967296 is not a slot id .* 0\.\.2147483647"):
+        pool.write((row, slice(0, 1)), [2**32])
+    with pytest.raises(ValueError, match=r"values\[1\] = 9223372036854775813 is not a slot id"):
+        pool.write((row, slice(0, 2)), torch.tensor([1, 2**63 + 5], dtype=torch.uint64))
+    with pytest.raises(TypeError, match="values must be integer slot ids, got dtype torch.float32"):
+        pool.write((row, slice(0, 2)), [1.0, 2.9])
     assert torch.equal(pool.req_to_token, snapshot)
 
 
@@ -140,6 +202,29 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
         with pytest.raises(ValueError, match=f"cannot free slot {slot}"):
             self.alloc_.free([slot])
         assert_same_state(self.alloc_, state)
+
+    @rule(data=st.data())
+    def invalid_call(self, data):
+        """Malformed input between valid calls: a named error, and the full state unchanged."""
+        held = sorted(self.oracle)
+        first = held[:1] or [0]  # a held slot, or the padding slot (never freeable)
+        calls = [
+            (lambda: self.alloc_.free(first + [2**70]), ValueError, r"free_index\[\d\] = 1180591620717411303424 "
+                                                                    "does not fit in int64"),
+            (lambda: self.alloc_.free(first + [1.5]), TypeError, "must hold integers"),
+            (lambda: self.alloc_.free(first + [None]), TypeError, "is not an integer"),
+            (lambda: self.alloc_.free([first + [1]]), ValueError, "must be 1-D"),
+            (lambda: self.alloc_.free(first * 2), ValueError, "twice|cannot free"),
+            (lambda: self.alloc_.free(torch.tensor([1], device="meta")), ValueError, "meta device"),
+            (lambda: self.alloc_.alloc(-1), ValueError, "need_size must be >= 0"),
+            (lambda: self.alloc_.alloc(1.0), TypeError, "need_size must be an int"),
+        ]
+        call, exc, words = data.draw(st.sampled_from(calls))
+        state = state_of(self.alloc_)
+        with pytest.raises(exc, match=words):
+            call()
+        assert_same_state(self.alloc_, state)
+        self.alloc_.check()
 
     @invariant()
     def agrees(self):
