@@ -224,3 +224,25 @@ def test_scale_is_the_softmax_scale():
         assert_close(out, want, torch.float32)
     assert not math.isclose(paged_attention(**dict(case, scale=0.05)).sum().item(),
                             paged_attention(**dict(case, scale=1.0)).sum().item())
+
+
+def test_report_figure_draws_from_synthetic_rows(monkeypatch):
+    # The GPU figure's code path, fed rows shaped like the benchmark's (no GPU needed).
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedkv.bench import attention as bench
+
+    rows = [dict(name=f"decode 16x4096 block {b}", block_size=b, gbps=1000.0 + b, batch=16, context=4096,
+                 time_vs_sdpa=1.1) for b in bench.BLOCK_SIZES]
+    rows += [dict(name=f"decode {b}x{c}", block_size=16, gbps=2000.0, batch=b, context=c, time_vs_sdpa=1.2)
+             for b, c in bench.DECODE]
+    monkeypatch.setattr(plt, "show", lambda: None)
+    bench._plot(rows, 4800.0, "test device")
+    fig = plt.gcf()
+    left, right = fig.axes
+    assert len(left.lines[0].get_xdata()) == len(bench.BLOCK_SIZES)
+    assert len(right.patches) == 2 * len(bench.DECODE)
+    plt.close(fig)

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 import pagedkv
 from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
+from pagedkv.budget import gpu_for_device_name
 from pagedkv.kernels.attention import _launch, paged_attention, paged_attention_ref, paginate, plan_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 DECODE = [(b, c) for b in (1, 16, 64) for c in (1024, 4096, 16384)]
 PREFILL = (4, 2048)
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+REPORT = "book/gpu_report.json"  # committed after a GPU run; the book's benchmarks page reads it
 
 
 def _interpreter_check() -> bool:
@@ -44,12 +48,12 @@ def _interpreter_check() -> bool:
                               ref, atol=1e-4) for s in (1, 3))
 
 
-def _paged_case(batch: int, q_len: int, ctx: int, dev, g):
+def _paged_case(batch: int, q_len: int, ctx: int, dev, g, block: int = BLOCK):
     """Q for ``batch`` requests of ``ctx + q_len`` tokens, K/V in shuffled blocks."""
     seq = ctx + q_len
-    nblk = -(-seq // BLOCK)
+    nblk = -(-seq // block)
     num_blocks = batch * nblk
-    kc = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=dev, generator=g, dtype=torch.bfloat16)
+    kc = torch.randn(num_blocks, block, KV_HEADS, HEAD_DIM, device=dev, generator=g, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     table = torch.randperm(num_blocks, device=dev, generator=g).to(torch.int32).view(batch, nblk)
     q = torch.randn(batch * q_len, HEADS, HEAD_DIM, device=dev, generator=g, dtype=torch.bfloat16)
@@ -79,9 +83,9 @@ def _sdpa(q, kc, vc, table, batch, q_len, seq):
     raise RuntimeError("no SDPA backend accepted the shape")
 
 
-def _measure(name, batch, q_len, ctx, dev, g, peak, splits=None):
+def _measure(name, batch, q_len, ctx, dev, g, peak, splits=None, block=BLOCK):
     seq = ctx + q_len
-    q, kc, vc, table, seq_lens, qsl = _paged_case(batch, q_len, ctx, dev, g)
+    q, kc, vc, table, seq_lens, qsl = _paged_case(batch, q_len, ctx, dev, g, block)
     scale = HEAD_DIM ** -0.5
     plan = plan_attention(HEADS, KV_HEADS, [q_len] * batch, [seq] * batch, splits)
     out = torch.empty_like(q)
@@ -95,7 +99,7 @@ def _measure(name, batch, q_len, ctx, dev, g, peak, splits=None):
     ms_sdpa = time_ms(sdpa_fn)
     nbytes = 2 * batch * seq * KV_HEADS * HEAD_DIM * 2 + 2 * q.numel() * 2  # K+V once, Q in, O out
     flops = 4 * batch * HEADS * HEAD_DIM * q_len * (seq - (q_len - 1) / 2)  # QK^T and PV, causal
-    row = dict(name=name, batch=batch, q_len=q_len, context=ctx, num_splits=plan.num_splits,
+    row = dict(name=name, batch=batch, q_len=q_len, context=ctx, block_size=block, num_splits=plan.num_splits,
                kernel_ms=ms, sdpa_ms=ms_sdpa, sdpa_backend=backend, gbps=gbps(nbytes, ms),
                tflops=flops / (ms * 1e-3) / 1e12, time_vs_sdpa=ms / ms_sdpa)
     row["pct_peak"] = row["gbps"] / peak if peak else None
@@ -129,6 +133,10 @@ def main(argv: list[str]) -> int:
         print(f"{r['name']:<18}{r['num_splits']:>7}{r['kernel_ms'] * 1e3:>11.1f}{r['gbps']:>9,.0f}{pct:>8}"
               f"{r['tflops']:>9.1f}{r['sdpa_ms'] * 1e3:>10.1f}{r['time_vs_sdpa']:>11.2f}x  {r['sdpa_backend']}")
 
+    blocks = [_measure(f"decode 16x4096 block {b}", 16, 1, 4096, dev, g, peak, block=b) for b in BLOCK_SIZES]
+    print("decode 16x4096 by block size: " + ", ".join(
+        f"{r['block_size']}: {r['gbps']:,.0f} GB/s" for r in blocks))
+
     one = _measure("decode 1x16384 unsplit", 1, 1, 16384, dev, g, peak, splits=1)
     split = _measure("decode 1x16384 split", 1, 1, 16384, dev, g, peak)
     speedup = one["kernel_ms"] / split["kernel_ms"]
@@ -140,13 +148,81 @@ def main(argv: list[str]) -> int:
           + (f"{target['pct_peak']:.0%}" if target["pct_peak"] is not None else "no datasheet peak")
           + f"; <= 1.25x SDPA's time: {target['time_vs_sdpa']:.2f}x; split-KV >= 2x: {speedup:.2f}x")
     report = dict(device=torch.cuda.get_device_name(dev), summary=pagedkv.device_summary(),
-                  copy_ceiling_gbps=copy_gbps, peak_gbps=peak, rows=rows + [one, split],
+                  copy_ceiling_gbps=copy_gbps, peak_gbps=peak, rows=rows + blocks + [one, split],
                   split_speedup=speedup)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        _write_section(args.json, "attention", report)
         print(f"figures written to {args.json}")
     return 0
+
+
+def _write_section(path: str, name: str, section: dict) -> None:
+    """Merge one benchmark's figures into the JSON report (one key per benchmark)."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except FileNotFoundError:
+        report = {}
+    report[name] = section
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def _committed_report() -> dict | None:
+    """The committed GPU report, found from the book's root (the folder with _toc.yml)."""
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").exists():
+            path = folder / REPORT
+            return json.loads(path.read_text()).get("attention") if path.exists() else None
+    return None
+
+
+def _plot(rows, peak, device):
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), constrained_layout=True)
+    by_block = [r for r in rows if r["name"].startswith("decode 16x4096 block")]
+    left.plot([r["block_size"] for r in by_block], [r["gbps"] for r in by_block], "o-", label="paged kernel")
+    if peak:
+        left.axhline(peak, color="grey", ls="--", label="datasheet peak")
+    left.set_xscale("log", base=2)
+    left.set(xlabel="block size (tokens)", ylabel="GB/s", title="decode 16 x 4k")
+    left.legend(fontsize=8)
+    names = {f"decode {b}x{c}" for b, c in DECODE}
+    sweep = [r for r in rows if r["name"] in names]
+    labels = [f"{r['batch']}x{r['context'] // 1024}k" for r in sweep]
+    x = range(len(sweep))
+    right.bar([i - 0.2 for i in x], [r["gbps"] for r in sweep], 0.4, label="paged kernel")
+    right.bar([i + 0.2 for i in x], [r["gbps"] / r["time_vs_sdpa"] for r in sweep], 0.4, label="SDPA")
+    right.set_xticks(list(x), labels, rotation=60, fontsize=7)
+    right.set(ylabel="GB/s", title="decode, batch x context")
+    right.legend(fontsize=8)
+    fig.suptitle(device, fontsize=9)
+    plt.show()
+
+
+def gpu_sweep_figure() -> None:
+    """Chapter 7's GPU cell: measure and plot on a GPU, else show the committed report."""
+    if not pagedkv.on_gpu():
+        print("These figures need a GPU: on a CPU the kernel runs in Triton's interpreter.")
+        report = _committed_report()
+        if report is None:
+            print("No GPU report is committed yet (python -m pagedkv.bench attention writes one).")
+            return
+        print(f"Committed report: {report['device']} ({report['summary']})")
+        _plot(report["rows"], report["peak_gbps"], report["device"])
+        return
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    gpu = gpu_for_device_name(torch.cuda.get_device_name(dev))
+    peak = gpu.peak_bandwidth_gbs if gpu else None
+    rows = [_measure(f"decode 16x4096 block {b}", 16, 1, 4096, dev, g, peak, block=b) for b in BLOCK_SIZES]
+    rows += [_measure(f"decode {b}x{c}", b, 1, c, dev, g, peak) for b, c in DECODE if c <= 4096]
+    for r in rows:
+        pct = f", {r['pct_peak']:.0%} of peak" if r["pct_peak"] else ""
+        print(f"{r['name']}: {r['gbps']:,.0f} GB/s{pct}, {r['time_vs_sdpa']:.2f}x SDPA's time")
+    _plot(rows, peak, torch.cuda.get_device_name(dev))
 
 
 if __name__ == "__main__":

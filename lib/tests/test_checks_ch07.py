@@ -1,0 +1,96 @@
+"""The chapter 7 checker: the solution notebook's kernel passes; each mistake fails with its own hint.
+
+The kernel under test is the one committed in solutions/07_paged_attention.ipynb,
+so the solution the site shows is the one these tests run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+import pagedkv  # noqa: F401  -- fixes the Triton mode before the solution's kernel is defined
+from pagedkv import checks
+from pagedkv.kernels import paged_attention_ref
+
+SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "07_paged_attention.ipynb"
+
+
+@functools.cache
+def solution_decode_attention():
+    """Import the solution cell as a module: @triton.jit reads its function's source file."""
+    cells = json.loads(SOLUTION.read_text())["cells"]
+    src = next("".join(c["source"]) for c in cells
+               if c["cell_type"] == "code" and "def decode_attention" in "".join(c["source"]))
+    path = Path(tempfile.mkdtemp()) / "solution_07.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
+    spec = importlib.util.spec_from_file_location("solution_07", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decode_attention
+
+
+def lines(report):
+    return {r.name: r for r in report.results}
+
+
+def test_solution_passes_every_property(capsys):
+    assert checks.check_decode_attention(solution_decode_attention())
+    assert "\u274c" not in capsys.readouterr().out
+
+
+def test_untouched_stub_prints_one_line(capsys):
+    def stub(q, key_cache, value_cache, block_table, seq_lens, scale):
+        raise NotImplementedError
+
+    report = checks.check_decode_attention(stub)
+    assert len(report.results) == 1 and "not implemented yet" in report.results[0].detail
+    assert "Hint" not in capsys.readouterr().out
+
+
+def test_plain_pytorch_fails_only_the_launch_property():
+    def torch_only(q, key_cache, value_cache, block_table, seq_lens, scale):
+        qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        return paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, qsl, scale)
+
+    report = lines(checks.check_decode_attention(torch_only))
+    failed = [name for name, r in report.items() if not r.passed]
+    assert failed == ["computes in a Triton kernel"]
+
+
+def test_mistakes_are_named():
+    kernel = solution_decode_attention()
+
+    def no_scale(q, key_cache, value_cache, block_table, seq_lens, scale):
+        return kernel(q, key_cache, value_cache, block_table, seq_lens, 1.0)
+
+    def whole_blocks(q, key_cache, value_cache, block_table, seq_lens, scale):
+        bs = key_cache.shape[1]
+        padded = ((seq_lens + bs - 1) // bs * bs).to(torch.int32)
+        return kernel(q, key_cache, value_cache, block_table, padded, scale)
+
+    def in_order(q, key_cache, value_cache, block_table, seq_lens, scale):
+        cols = torch.arange(block_table.shape[1], dtype=torch.int32, device=block_table.device)
+        table = cols.repeat(block_table.shape[0], 1).clamp(max=key_cache.shape[0] - 1).contiguous()
+        return kernel(q, key_cache, value_cache, table, seq_lens, scale)
+
+    def wrong_group(q, key_cache, value_cache, block_table, seq_lens, scale):
+        # Query head h reads KV head h % num_kv_heads: permute the heads so the group mapping is wrong.
+        kv = key_cache.shape[2]
+        group = q.shape[1] // kv
+        perm = torch.arange(q.shape[1]).view(group, kv).T.reshape(-1)  # position of head h in h%kv order
+        out = kernel(q[:, perm].contiguous(), key_cache, value_cache, block_table, seq_lens, scale)
+        return out[:, torch.argsort(perm)].contiguous()
+
+    expected = {no_scale: "without the scale", whole_blocks: "every slot of the last block",
+                in_order: "in order", wrong_group: "h % num_kv_heads"}
+    for fn, words in expected.items():
+        report = lines(checks.check_decode_attention(fn, seed=1))
+        failures = [r.detail for r in report.values() if not r.passed]
+        assert failures, fn.__name__
+        assert any(words in d for d in failures), (fn.__name__, failures)
