@@ -16,6 +16,7 @@ Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -132,21 +133,38 @@ def dtype_bytes(dtype: str | torch.dtype) -> int:
     """Bytes per element for a cache dtype name (``"bf16"``, ``"fp8"``...) or a torch dtype."""
     if isinstance(dtype, torch.dtype):
         return torch.empty((), dtype=dtype).element_size()
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown KV cache dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
 
 
 def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """A count that must be at least 1: an integer (Python or numpy), not a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
+
+
+def _count(value, what: str) -> int:
+    """A count that may be 0 (a number of blocks): an integer, not a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return int(value)
 
 
 def _non_negative(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a non-negative number, got {value!r}")
-    return value
+    """A size in bytes (or GiB): a finite real number >= 0; the error says which of those it is not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        why = f"a {type(value).__name__}, not a number"
+    elif math.isnan(value):
+        why = "NaN"
+    elif math.isinf(value):
+        why = "infinite"
+    elif value < 0:
+        why = "negative"
+    else:
+        return value
+    raise ValueError(f"{what} must be a non-negative number, got {value!r} ({why})")
 
 
 def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> int:
@@ -219,9 +237,8 @@ def num_gpu_blocks(pool_bytes: float, model: str | ModelSpec, block_size: int = 
 
 
 def token_slots(num_blocks: int, block_size: int) -> int:
-    """Tokens the pool can hold when every block is full."""
-    _non_negative(num_blocks, "num_blocks")
-    return num_blocks * _positive_int(block_size, "block_size")
+    """Tokens the pool can hold when every block is full (both counts are integers)."""
+    return _count(num_blocks, "num_blocks") * _positive_int(block_size, "block_size")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -244,8 +261,7 @@ def blocks_per_request(request_len: int, block_size: int) -> int:
 
 def paged_ceiling(num_blocks: int, request_len: int, block_size: int) -> int:
     """Concurrent requests of ``request_len`` tokens a paged pool of ``num_blocks`` can hold."""
-    _non_negative(num_blocks, "num_blocks")
-    return num_blocks // blocks_per_request(request_len, block_size)
+    return _count(num_blocks, "num_blocks") // blocks_per_request(request_len, block_size)
 
 
 def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
@@ -256,7 +272,11 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
     ``max_model_len`` that would fit, and the two knobs that fix it. Paging
     removes over-reservation at run time, but the engine still promises that
     its longest allowed request can run alone.
+
+    ``pool_bytes`` must be a finite number >= 0 (a NaN or negative pool is a
+    ``ValueError`` naming it, not a misleading "needed vs available" message).
     """
+    _non_negative(pool_bytes, "pool_bytes")
     _positive_int(max_model_len, "max_model_len")
     per_block = block_bytes(model, block_size, dtype)
     needed = blocks_per_request(max_model_len, block_size) * per_block

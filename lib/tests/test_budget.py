@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -140,12 +141,34 @@ def test_pool_with_nothing_left_names_the_arithmetic():
     (lambda: b.kv_bytes_per_token("Llama-4-9000B"), "unknown model 'Llama-4-9000B'"),
     (lambda: b.plan(gpu="H900"), "unknown GPU 'H900'"),
     (lambda: b.kv_bytes_per_token("Llama-3-8B", "int3"), "unknown KV cache dtype 'int3'"),
-    (lambda: b.plan(non_kv_gib=-1), "non_kv_gib must be a non-negative number, got -1"),
+    (lambda: b.plan(non_kv_gib=-1), "non_kv_gib must be a non-negative number, got -1 (negative)"),
+    (lambda: b.token_slots(2.5, 16), "num_blocks must be a non-negative integer, got 2.5"),
+    (lambda: b.token_slots(True, 16), "num_blocks must be a non-negative integer, got True"),
+    (lambda: b.token_slots(-1, 16), "num_blocks must be a non-negative integer, got -1"),
+    (lambda: b.paged_ceiling(100.0, 612, 16), "num_blocks must be a non-negative integer, got 100.0"),
+    (lambda: b.blocks_per_request(612, 16.0), "block_size must be a positive integer, got 16.0"),
+    (lambda: b.kv_heads_per_rank("Llama-3-8B", 2.0), "tensor_parallel_size must be a positive integer, got 2.0"),
+    (lambda: b.check_enough_kv_cache_memory(float("nan"), "Llama-3-8B", 1024),
+     "pool_bytes must be a non-negative number, got nan (NaN)"),
+    (lambda: b.check_enough_kv_cache_memory(-1.0, "Llama-3-8B", 1024),
+     "pool_bytes must be a non-negative number, got -1.0 (negative)"),
+    (lambda: b.check_enough_kv_cache_memory(float("inf"), "Llama-3-8B", 1024),
+     "pool_bytes must be a non-negative number, got inf (infinite)"),
+    (lambda: b.check_enough_kv_cache_memory("8 GiB", "Llama-3-8B", 1024),
+     "pool_bytes must be a non-negative number, got '8 GiB' (a str, not a number)"),
+    (lambda: b.kv_bytes_per_token("Llama-3-8B", ["bf16"]), "unknown KV cache dtype ['bf16']"),
 ])
 def test_bad_input_is_named(call, needle):
     with pytest.raises(ValueError) as info:
         call()
     assert needle in str(info.value)
+
+
+def test_counts_are_integers_and_numpy_integers_are_welcome():
+    assert b.token_slots(2_048, 16) == 32_768 and type(b.token_slots(2_048, 16)) is int
+    assert b.token_slots(np.int64(3), np.int32(16)) == 48 and type(b.token_slots(np.int64(3), 16)) is int
+    assert b.paged_ceiling(np.int64(26_785), 612, 16) == 686
+    assert b.token_slots(0, 16) == 0
 
 
 def test_free_memory_sizing_needs_a_gpu_or_measures_one():
