@@ -410,7 +410,16 @@ class SchedulerSim:
         return _cdiv(r.prompt_len + r.max_new_tokens, self.block_size)
 
     def run(self, trace: Iterable[SimRequest]) -> SimResult:
-        """Run ``trace`` to completion; the pool is checked after every step."""
+        """Run ``trace`` (an iterable of :class:`SimRequest`) to completion; the pool is checked after every step."""
+        if isinstance(trace, (str, bytes, SimRequest)):
+            raise TypeError(f"trace must be an iterable of SimRequest, got {type(trace).__name__} {trace!r}")
+        try:
+            trace = list(trace)
+        except TypeError:
+            raise TypeError(f"trace must be an iterable of SimRequest, got {type(trace).__name__} {trace!r}") from None
+        for i, r in enumerate(trace):
+            if not isinstance(r, SimRequest):
+                raise TypeError(f"trace[{i}] must be a SimRequest, got {type(r).__name__} {r!r}")
         trace = sorted(trace, key=lambda r: r.arrival)  # stable: ties keep trace order
         ids = [r.request_id for r in trace]
         if len(set(ids)) != len(ids):

@@ -81,7 +81,8 @@ def _run_random(seed: int, n_ops: int = 200, cls=PagedKV) -> dict[str, int]:
         live = sorted(oracle.seqs)
         # One of the six choices, among those that apply now (all but create need a request or a handle).
         weights = {"create": 2, "append": 8 * bool(live), "fork": 3 * bool(live), "pin": 2 * bool(live),
-                   "unpin": 3 * bool(oracle.frozen) + bool(oracle.used_handles), "release": (3 + 6 * (not pool.free)) * bool(live)}  # a full pool drains
+                   "unpin": 3 * bool(oracle.frozen) + bool(oracle.used_handles), "release": (3 + 6 * (not pool.free)) * bool(live),
+                   "malformed": 1}  # a full pool drains; now and then an argument of the wrong type
         op = rng.choices(list(weights), list(weights.values()))[0]
         before, free_before = snapshot(pool), len(pool.free)
         bad = rng.random() < 0.05  # now and then, a call that must be refused
@@ -125,6 +126,19 @@ def _run_random(seed: int, n_ops: int = 200, cls=PagedKV) -> dict[str, int]:
                     handle = rng.choice(sorted(oracle.frozen))
                 pool.unpin(handle)
                 del oracle.frozen[handle]
+            elif op == "malformed":
+                bad = True
+                rid = rng.choice(live) if live else "nobody"
+                call = rng.choice([
+                    lambda: pool.create(5),
+                    lambda: pool.append(rid, 2.5),
+                    lambda: pool.append(rid, True),
+                    lambda: pool.append(b"r0", 1),
+                    lambda: pool.fork(rid, None),
+                    lambda: pool.pin(rid, 7),
+                    lambda: pool.release(["r0"]),
+                ])
+                call()
             else:  # release
                 rid = "nobody" if bad else rng.choice(live)
                 pool.release(rid)
@@ -134,7 +148,7 @@ def _run_random(seed: int, n_ops: int = 200, cls=PagedKV) -> dict[str, int]:
             assert free_before == 0, f"seed {seed}: MemoryError with {free_before} free pages"
             assert snapshot(pool) == before, f"seed {seed}: MemoryError changed the pool"
             tally["memory_error"] += 1
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError):
             assert bad or (op == "pin" and not pool.tables[rid]), f"seed {seed}: {op} refused a valid call"
             assert snapshot(pool) == before, f"seed {seed}: a refused {op} changed the pool"
             tally["bad_input"] += 1
@@ -385,3 +399,9 @@ def test_scheduler_bad_input():
         SchedulerSim(4, 4, cleanup_delay=-1)
     with pytest.raises(ValueError, match="prompt_len must be at least 1, got 0"):
         SimRequest("z", 0, 1)
+    with pytest.raises(TypeError, match="trace\\[0\\] must be a SimRequest, got int 1"):
+        SchedulerSim(4, 4).run([1, 2])
+    with pytest.raises(TypeError, match="trace must be an iterable of SimRequest, got SimRequest"):
+        SchedulerSim(4, 4).run(SimRequest("x", 1, 1))
+    with pytest.raises(TypeError, match="trace must be an iterable of SimRequest, got int 3"):
+        SchedulerSim(4, 4).run(3)
