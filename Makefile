@@ -59,7 +59,12 @@ gpu: $(STAMP)
 	$(PY) -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee -a _build/gpu/report.txt
 	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS) 2>&1 | tee -a _build/gpu/report.txt
 	$(PY) -m pagedkv.bench all 2>&1 | tee -a _build/gpu/report.txt
-	@echo "GPU report written to _build/gpu/report.txt"
+	rm -f _build/gpu/gpu_report.json
+	$(PY) -m pagedkv.bench attention --json _build/gpu/gpu_report.json
+	$(PY) -m pagedkv.bench engine --json _build/gpu/gpu_report.json
+	$(PY) -m pagedkv.bench._report _build/gpu/gpu_report.json _build/gpu/benchmarks.md
+	@echo "GPU report written to _build/gpu/report.txt and _build/gpu/gpu_report.json;"
+	@echo "to publish it: cp _build/gpu/gpu_report.json book/ && $(PY) -m pagedkv.bench._report"
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab

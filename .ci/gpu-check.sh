@@ -4,7 +4,9 @@
 #   1. the library's tests with the kernels compiled for the GPU;
 #   2. every notebook's code, run without Jupyter, its printed text compared with
 #      the committed (CPU-executed) outputs -- see `python -m pagedkv._notebooks`;
-#   3. the benchmarks (GB/s of the kernels against PyTorch, as ratios in one run).
+#   3. the benchmarks (GB/s of the kernels against PyTorch, as ratios in one run;
+#      paged attention against SDPA and the datasheet peak; the engine against
+#      Hugging Face generate when transformers is importable there).
 # Reports go to $OUT (or _build/gpu). GPU_CHECK_ALLOW_CPU=1 rehearses it on a CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,16 @@ status=0
 $py -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
 $py -m pagedkv._notebooks run-plain chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>&1 \
     | tee "$out/notebooks.txt" || status=1
-$py -m pagedkv.bench all 2>&1 | tee "$out/bench.txt" || status=1
+# Benchmarks one by one; those that report figures for the book (attention,
+# engine) also merge them into gpu_report.json, which is committed as
+# book/gpu_report.json and shown on the benchmarks page.
+for bench in $($py -c "from pagedkv.bench.__main__ import available; print(*available())"); do
+    case $bench in
+        attention|engine) extra=(--json "$out/gpu_report.json") ;;
+        *) extra=() ;;
+    esac
+    echo "== $bench ==" | tee -a "$out/bench.txt"
+    $py -m pagedkv.bench "$bench" "${extra[@]}" 2>&1 | tee -a "$out/bench.txt" || status=1
+done
 echo "gpu-check: $([ $status = 0 ] && echo all checks passed || echo SOME CHECKS FAILED); reports in $out"
 exit $status

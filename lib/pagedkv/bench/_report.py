@@ -1,0 +1,91 @@
+"""The book's benchmarks page, rendered from the committed GPU report.
+
+    python -m pagedkv.bench._report [REPORT_JSON] [PAGE_MD]
+
+``.ci/gpu-check.sh`` and ``make gpu`` have the benchmarks merge their figures
+into one JSON file (one key per benchmark). Committed as
+``book/gpu_report.json``, it becomes ``book/benchmarks.md`` through this
+module; a test checks that the committed page is exactly what this renders,
+so no figure on the page is typed by hand. Until a GPU run is committed the
+page says that the figures are pending.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPORT_JSON = "book/gpu_report.json"
+PAGE_MD = "book/benchmarks.md"
+
+_INTRO = """# Benchmarks on a GPU
+
+The figures on this page come from one run of `.ci/gpu-check.sh` (or
+`make gpu`) on a CUDA machine: its benchmarks write `book/gpu_report.json`,
+and `python -m pagedkv.bench._report` renders this page from it. Times are
+medians of CUDA-event timings after a warm-up; every comparison is a ratio
+taken in the same run. On a CPU the kernels run in Triton's interpreter,
+whose speed says nothing about a GPU, so no CPU timing appears here.
+"""
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _attention(section: dict) -> list[str]:
+    lines = [
+        "## Paged attention",
+        "",
+        f"Device: {section['device']} ({section['summary']}). Device-to-device copy ceiling "
+        f"{section['copy_ceiling_gbps']:,.0f} GB/s"
+        + (f"; datasheet peak {section['peak_gbps']:,.0f} GB/s." if section.get("peak_gbps") else "."),
+        "Llama-3-8B's attention shapes (32 query heads, 8 KV heads, head_dim 128), bf16; "
+        "bytes counted are K/V read once plus Q read and O written.",
+        "",
+        "| shape | block | splits | kernel (us) | GB/s | % of peak | TFLOP/s | SDPA (us) | kernel / SDPA time |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in section["rows"]:
+        lines.append(
+            f"| {r['name']} | {r.get('block_size', 16)} | {r['num_splits']} | {r['kernel_ms'] * 1e3:,.1f} "
+            f"| {r['gbps']:,.0f} | {_pct(r.get('pct_peak'))} | {r['tflops']:.1f} | {r['sdpa_ms'] * 1e3:,.1f} "
+            f"({r['sdpa_backend']}) | {r['time_vs_sdpa']:.2f}x |")
+    lines += ["", f"Split-KV at batch 1 x 16k: {section['split_speedup']:.2f}x faster than one program "
+                  "per KV head.", ""]
+    return lines
+
+
+def _engine(section: dict) -> list[str]:
+    lines = ["## The serving engine", "", "```text"]
+    lines += [str(line) for line in section.get("lines", [])]
+    lines += ["```", ""]
+    return lines
+
+
+def render(report: dict | None) -> str:
+    lines = [_INTRO]
+    if not report:
+        lines.append("```{note}\nNo GPU run has been committed yet: the figures are pending. "
+                     "Run `.ci/gpu-check.sh` on a CUDA machine and commit its `gpu_report.json` "
+                     f"as `{REPORT_JSON}`.\n```\n")
+        return "\n".join(lines)
+    if "attention" in report:
+        lines += _attention(report["attention"])
+    if "engine" in report:
+        lines += _engine(report["engine"])
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str]) -> int:
+    report_path = Path(argv[0] if argv else REPORT_JSON)
+    page_path = Path(argv[1] if len(argv) > 1 else PAGE_MD)
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    page_path.write_text(render(report))
+    print(f"wrote {page_path} from {report_path if report else 'no report (figures pending)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
