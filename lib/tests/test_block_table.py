@@ -196,6 +196,8 @@ def test_move_row_zeroes_the_stale_tail_and_clears_the_vacated_row():
         (lambda bt: bt.compute_slot_mapping([1], [0], 4), IndexError, "row 1's 0 committed blocks"),
         (lambda bt: bt.compute_slot_mapping([4], [0], 4), IndexError, "req_indices\\[0\\] = 4"),
         (lambda bt: bt.compute_slot_mapping([0], [0], 0), ValueError, "block_size must be a positive int, got 0"),
+        (lambda bt: bt.compute_slot_mapping(torch.tensor([0], device="meta"), [0], 4), ValueError,
+         "req_indices is on the meta device"),
     ],
 )
 def test_bad_input_raises_and_changes_nothing(call, exc, words):

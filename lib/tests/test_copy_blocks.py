@@ -140,6 +140,17 @@ def test_bad_caches_raise():
         copy_blocks(["cache"], [(0, 1)])
 
 
+@pytest.mark.parametrize("fn", [copy_blocks, copy_blocks_ref])
+def test_meta_tensors_are_named(fn):
+    a = torch.zeros(4, 2, 3, device=pagedkv.default_device())
+    before = a.clone()
+    with pytest.raises(ValueError, match="^kv_caches cache 1 is on the meta device, which holds no data"):
+        fn([a, torch.zeros(4, 2, 3, device="meta")], [(0, 1)])
+    with pytest.raises(ValueError, match="^block_pairs is on the meta device"):
+        fn([a], torch.tensor([[0, 1]], device="meta"))
+    assert torch.equal(a, before)
+
+
 def test_validate_block_pairs_returns_int64_array():
     arr = validate_block_pairs([(1, 0), (1, 3)], 4)
     assert arr.dtype == np.int64 and arr.tolist() == [[1, 0], [1, 3]]

@@ -117,6 +117,27 @@ def test_slot_mapping_rejects_bad_tables():
         compute_slot_mapping(table, [0, 0], [1, 5], 4)
 
 
+@pytest.mark.parametrize("fn", [compute_slot_mapping, compute_slot_mapping_ref])
+def test_slot_mapping_names_a_meta_tensor(fn):
+    table = torch.arange(6, dtype=torch.int32, device=DEV).reshape(2, 3)
+    meta = torch.zeros(1, dtype=torch.int64, device="meta")
+    for args, name in (((table.to("meta"), [0], [1], 4), "block_table"), ((table, meta, [1], 4), "req_indices"),
+                       ((table, [0], meta, 4), "positions")):
+        with pytest.raises(ValueError, match=f"^{name} is on the meta device, which holds no data"):
+            fn(*args)
+
+
+@pytest.mark.parametrize("fn", [reshape_and_cache, reshape_and_cache_ref])
+def test_reshape_and_cache_names_a_meta_tensor(fn):
+    base, _ = _bad_kv_inputs()
+    for name in base:
+        args = {**base, name: torch.empty_like(base[name], device="meta")}
+        before_k, before_v = base["key_cache"].clone(), base["value_cache"].clone()
+        with pytest.raises(ValueError, match=f"^{name} is on the meta device"):
+            fn(**args)
+        assert torch.equal(base["key_cache"], before_k) and torch.equal(base["value_cache"], before_v)
+
+
 # -- the KV write ----------------------------------------------------------------------------------
 
 

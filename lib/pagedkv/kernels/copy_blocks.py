@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
+from .slot_mapping import refuse_meta_tensor
 
 __all__ = ["copy_blocks", "copy_blocks_ref", "validate_block_pairs"]
 
@@ -79,6 +80,8 @@ def _flatten_caches(kv_caches) -> list[torch.Tensor]:
         raise ValueError("kv_caches is empty: there is no cache to copy in")
     first = flat[0]
     for i, t in enumerate(flat):
+        refuse_meta_tensor(t, f"kv_caches cache {i}")
+    for i, t in enumerate(flat):
         if t.dim() < 1 or t.shape != first.shape:
             raise ValueError(f"every cache must have the shape of the first, {tuple(first.shape)}; cache {i} has {tuple(t.shape)}")
         if t.dtype != first.dtype:
@@ -101,6 +104,7 @@ def validate_block_pairs(block_pairs, num_blocks: int) -> np.ndarray:
     on which program runs first).
     """
     if isinstance(block_pairs, torch.Tensor):
+        refuse_meta_tensor(block_pairs, "block_pairs")
         block_pairs = block_pairs.detach().cpu().numpy()
     arr = np.asarray(block_pairs)
     if arr.size == 0:

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
+from .slot_mapping import refuse_meta_tensor
 
 __all__ = ["reshape_and_cache", "reshape_and_cache_ref", "KV_DTYPES"]
 
@@ -53,6 +54,7 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        refuse_meta_tensor(t, name)
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
     devices = {str(t.device) for t in named.values()}

@@ -29,6 +29,20 @@ __all__ = ["PAD_SLOT_ID", "compute_slot_mapping", "compute_slot_mapping_ref"]
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+def refuse_meta_tensor(tensor: torch.Tensor, name: str) -> None:
+    """Refuse a tensor on PyTorch's ``meta`` device, naming the argument.
+
+    A meta tensor has a shape and a dtype but no data, so validation cannot
+    read it (PyTorch's own error would not say which argument) and a kernel
+    could not either. Shared by the kernel wrappers of this package.
+    """
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"{name} is on the meta device, which holds no data; the kernels need real tensors "
+            f"(create it on pagedkv.default_device())"
+        )
+
+
 @triton.jit
 def _slot_mapping_kernel(
     block_table_ptr,  # [num_rows, max_blocks] int32, row-major
@@ -65,6 +79,7 @@ def _as_index_tensor(x, name: str, device: torch.device) -> torch.Tensor:
         x = torch.as_tensor(x)
         if x.numel() == 0:
             x = x.to(torch.int64)
+    refuse_meta_tensor(x, name)
     if x.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must hold int32 or int64 values, got dtype {x.dtype}")
     if x.dim() != 1:
@@ -80,6 +95,7 @@ def _validate(block_table, req_indices, positions, block_size):
     """
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+    refuse_meta_tensor(block_table, "block_table")
     if block_table.dtype != torch.int32:
         raise TypeError(f"block_table must be int32, got dtype {block_table.dtype}")
     if block_table.dim() != 2:
