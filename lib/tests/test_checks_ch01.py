@@ -1,6 +1,10 @@
 """The chapter 1 checkers: right answers pass, each kind of wrong answer fails the right property."""
 
+import signal
+import sys
 import time
+
+import pytest
 
 from pagedkv import checks
 from pagedkv.checks._harness import Checker
@@ -88,3 +92,51 @@ def test_a_hang_becomes_a_timeout_line():
         c.prop("fine", lambda: None)
     assert [r.passed for r in c.report.results] == [False, True]
     assert "no answer within 0.2 s" in c.report.results[0].detail
+
+
+def _swallows_exception(*args):
+    """A learner's retry loop: the timeout must get out of it anyway."""
+    while True:
+        try:
+            time.sleep(1)
+        except Exception:
+            pass
+
+
+def _swallows_everything(*args):
+    while True:
+        try:
+            time.sleep(1)
+        except:  # noqa: E722 -- the point of the test
+            pass
+
+
+def _swallows_everything_busy(*args):
+    n = 0
+    while True:
+        try:
+            n += 1
+        except BaseException:
+            pass
+
+
+@pytest.mark.parametrize("learner", [_swallows_exception, _swallows_everything, _swallows_everything_busy])
+def test_a_loop_that_catches_the_timeout_still_times_out(learner):
+    handler = signal.getsignal(signal.SIGALRM)
+    trace = sys.gettrace()
+    start = time.monotonic()
+    with Checker("hang", timeout=0.3, verbose=False) as c:
+        c.prop("never returns", learner)
+        c.prop("runs afterwards", lambda: time.sleep(0.2))  # no repeating alarm is left over
+    assert time.monotonic() - start < 0.3 + 0.2 + 1.5
+    assert [r.passed for r in c.report.results] == [False, True]
+    assert "no answer within 0.3 s" in c.report.results[0].detail
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert sys.gettrace() is trace
+
+
+def test_a_real_checker_comes_back_from_a_retry_loop():
+    start = time.monotonic()
+    report = checks.check_largest_free_extent(_swallows_exception, timeout=0.2)
+    assert not report and all("no answer within 0.2 s" in r.detail for r in report.results)
+    assert time.monotonic() - start < 0.2 * len(report.results) + 2

@@ -10,17 +10,21 @@ one line, so a committed notebook shows a stable, readable verdict.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 PASS, FAIL = "\u2705", "\u274c"  # the two marks a reader scans for
 
 
-class CheckTimeout(Exception):
-    """The learner's code ran past the checker's time limit."""
+class CheckTimeout(BaseException):
+    """The learner's code ran past the checker's time limit.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: a learner's ``except
+    Exception`` (a retry loop, say) must not swallow it.
+    """
 
 
 @dataclass
@@ -66,28 +70,81 @@ class CheckReport:
         """
 
 
-@contextmanager
-def _time_limit(seconds: float):
-    """Raise CheckTimeout in the main thread after ``seconds`` (a learner's infinite loop).
+_REPEAT_S = 0.05  # after the deadline, the alarm fires again this often until the learner's code lets go
 
-    Jupyter runs cells in the main thread, where SIGALRM is available on Unix.
-    Elsewhere (Windows, worker threads) the limit is not enforced.
+
+def _in_harness(frame) -> bool:
+    return frame is not None and frame.f_code.co_filename == __file__
+
+
+class _time_limit:
+    """Raise ``CheckTimeout`` in the learner's code once ``seconds`` have passed, until it stops.
+
+    Jupyter runs cells in the main thread, where SIGALRM is available on Unix;
+    elsewhere (Windows, worker threads) the limit is not enforced.
+
+    The learner's code may catch what we raise, so one alarm is not enough:
+
+    1. ``CheckTimeout`` derives from ``BaseException``: ``except Exception``
+       does not catch it.
+    2. The alarm repeats every ``_REPEAT_S`` seconds past the deadline
+       (``setitimer`` with an interval), so a bare ``except:`` in a loop gets
+       another one, and another.
+    3. From the second alarm on, a line tracer is installed on the learner's
+       frames: the next line they run raises ``CheckTimeout`` again, also
+       inside an ``except`` block, where the enclosing ``try`` cannot catch
+       it. A loop with a bare ``except:`` still exits.
+
+    The harness's own frames (this file) are never interrupted: an alarm that
+    lands there is ignored, and leaving the ``with`` disarms everything first.
+    What can still outlast this: code that blocks in C without returning to
+    Python, and a loop that swallows ``BaseException`` at two nested levels
+    (CPython drops a tracer that raises, so each alarm gets two raises in).
     """
-    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
 
-    def _raise(signum, frame):
-        raise CheckTimeout(f"no answer within {seconds:g} s (an infinite loop?)")
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        self.fired = 0
+        self.traced = False
 
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def _timeout(self) -> CheckTimeout:
+        return CheckTimeout(f"no answer within {self.seconds:g} s (an infinite loop?)")
+
+    def _trace(self, frame, event, arg):
+        if _in_harness(frame):
+            return None
+        if event == "line":
+            raise self._timeout()
+        return self._trace
+
+    def _alarm(self, signum, frame) -> None:
+        if _in_harness(frame):
+            return  # never inside the harness itself: the next alarm will come
+        self.fired += 1
+        if self.fired > 1:  # the first one was swallowed: make every line of theirs raise
+            f = frame
+            while f is not None and not _in_harness(f):
+                f.f_trace = self._trace
+                f = f.f_back
+            sys.settrace(self._trace)
+            self.traced = True
+        raise self._timeout()
+
+    def __enter__(self) -> "_time_limit":
+        if self.usable:
+            self._previous_trace = sys.gettrace()
+            self._previous_handler = signal.signal(signal.SIGALRM, self._alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds, _REPEAT_S)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if self.traced:
+                sys.settrace(self._previous_trace)
+            signal.signal(signal.SIGALRM, self._previous_handler)
+        return False
 
 
 def _describe(exc: BaseException) -> str:
@@ -130,7 +187,7 @@ class Checker:
             with _time_limit(self.timeout):
                 body()
             result = PropertyResult(name, True)
-        except Exception as exc:  # noqa: BLE001 -- every learner bug becomes a red line
+        except (Exception, CheckTimeout) as exc:  # noqa: BLE001 -- every learner bug becomes a red line
             detail = _describe(exc)
             if hint:
                 detail += f". Hint: {hint}"
