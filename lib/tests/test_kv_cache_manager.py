@@ -37,6 +37,7 @@ def snapshot(m: KVCacheManager):
         {h: (b.block_id, n) for h, (b, n) in m.partial_hash_to_block.items()},
         m.outstanding_copies,
         m.prefix_cache_stats,
+        {rid: id(req) for rid, req in m._holders.items()},
     )
 
 
