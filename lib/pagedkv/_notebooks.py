@@ -173,7 +173,18 @@ def check_site(html_dir: str = "_build/html") -> int:
     if offenders:
         print("pages that load scripts from the network: " + ", ".join(offenders), file=sys.stderr)
         return 1
-    print(f"{len(pages)} pages, none loads a script from the network")
+    # An inline script emitted twice that declares a `const` or `let` throws "has
+    # already been declared" (Sphinx 7 emits scripts registered after the builder
+    # starts twice; a repeated `var` is harmless and is not counted).
+    inline = re.compile(r"<script>(.*?)</script>", re.DOTALL)
+    declares = re.compile(r"^\s*(?:const|let)\s", re.MULTILINE)
+    for p in pages:
+        bodies = [b.strip() for b in inline.findall(p.read_text(errors="replace")) if declares.search(b)]
+        twice = sorted({b for b in bodies if bodies.count(b) > 1})
+        if twice:
+            print(f"{p.relative_to(root)} declares one inline script's constants twice: {twice[0][:80]}", file=sys.stderr)
+            return 1
+    print(f"{len(pages)} pages, none loads a script from the network or declares a script constant twice")
     return 0
 
 

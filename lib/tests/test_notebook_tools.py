@@ -118,3 +118,15 @@ def test_normalise_merges_stream_chunks_so_reruns_do_not_diff():
     _notebooks.normalise(nb)
     assert [(o["name"], o["text"]) for o in nb.cells[0].outputs] == [
         ("stdout", "a\nb\n"), ("stderr", "warn\n"), ("stdout", "c\n")]
+
+
+def test_check_site_refuses_a_script_constant_declared_twice(tmp_path, monkeypatch):
+    # The theme's thebe block, emitted twice, threw "Identifier 'THEBE_JS_URL' has already been declared".
+    (tmp_path / "_toc.yml").write_text("root: x\n")
+    site = tmp_path / "_build" / "html"
+    site.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    (site / "a.html").write_text("<script>var x = 1;</script><script>var x = 1;</script>")
+    assert _notebooks.check_site() == 0  # a repeated var is legal JavaScript
+    (site / "b.html").write_text('<script>const U = "u"</script><p></p><script>const U = "u"</script>')
+    assert _notebooks.check_site() == 1
