@@ -29,6 +29,10 @@ GPU idles. With ``num_splits > 1`` each program covers one segment of the
 keys and writes its partial output and log-sum-exp; a second small kernel
 merges the segments, weighting each by ``exp(lse_i - max lse)``.
 
+Versions: compiled, the kernel needs triton >= 3.6. Interpreted, Triton 3.6
+needs numpy < 2.4 (its interpreter turns the loop bounds, one-element arrays,
+into ints in a way numpy 2.4 refuses); Triton 3.7 has no such limit.
+
 Every wrapper validates before launching (see ``pagedkv.kernels``): a block id
 out of range is an ``IndexError`` naming the request and the column. Table
 columns past a request's ``seq_len`` are never read, so they may hold
