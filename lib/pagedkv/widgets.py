@@ -29,6 +29,9 @@ Public API (stable; chapters 3-5 use it)
   only once displayed, so an undisplayed view costs nothing.
 - ``BlockTableView(rows, pool=None, title=None)``: the same for block tables;
   ``update(rows)`` redraws.
+- ``view.attach(engine)`` (both views): follow a ``pagedkv.engine.LLMEngine``,
+  redrawing after its steps, throttled so drawing takes at most
+  ``max_overhead`` (5 %) of the time the engine runs.
 - ``TraceRecorder(pool, owners=None, title=None)``: a context manager (or
   ``start()``/``stop()`` across cells) that renders one frame per pool
   mutation; ``snapshot(caption)`` adds one by hand; ``replay()`` returns a player.
@@ -419,6 +422,64 @@ def render_block_table(rows, pool: BlockPool | None = None, title: str | None = 
 # ---------------------------------------------------------------- live views
 
 
+class _EngineFollower:
+    """Redraw after engine steps, at most every ``min_interval`` s and at most ``max_overhead`` of the time.
+
+    A redraw that took ``c`` seconds waits ``c / max_overhead`` before the
+    next one, so however slow the picture, drawing stays a bounded fraction
+    of the engine's run time (5 % by default).
+    """
+
+    def __init__(self, view, redraw: Callable[[], None], min_interval: float, max_overhead: float) -> None:
+        self.view, self.redraw, self.min_interval, self.max_overhead = view, redraw, min_interval, max_overhead
+        self.last_draw = float("-inf")
+        self.last_cost = 0.0
+        self.stale = False
+        self.unsubscribe: Callable[[], None] | None = None
+
+    def on_step(self, *_args) -> None:
+        self.stale = True
+        now = time.perf_counter()
+        if now - self.last_draw >= max(self.min_interval, self.last_cost / self.max_overhead):
+            self.draw()
+
+    def draw(self) -> None:
+        t0 = time.perf_counter()
+        self.redraw()
+        t1 = time.perf_counter()
+        self.last_draw, self.last_cost, self.stale = t1, t1 - t0, False
+        self.view.draw_seconds += t1 - t0  # what following the engine has cost so far
+
+    def after_cell(self, *_args) -> None:
+        if self.stale:
+            self.draw()
+
+
+def _follow_engine(view, engine, redraw: Callable[[], None]) -> _EngineFollower:
+    """Subscribe ``redraw`` to ``engine``'s steps (and to the end of each notebook cell)."""
+    if not hasattr(engine, "add_step_listener"):
+        raise TypeError(f"attach(engine) needs a pagedkv.engine.LLMEngine, got {type(engine).__name__}")
+    follower = _EngineFollower(view, redraw, view.min_interval, view.max_overhead)
+    follower.unsubscribe = engine.add_step_listener(follower.on_step)
+    ip = _ipython()
+    if ip is not None:
+        ip.events.register("post_run_cell", follower.after_cell)
+    follower.draw()
+    return follower
+
+
+def _unfollow(follower: _EngineFollower | None) -> None:
+    if follower is None:
+        return
+    follower.unsubscribe()
+    ip = _ipython()
+    if ip is not None:
+        try:
+            ip.events.unregister("post_run_cell", follower.after_cell)
+        except ValueError:
+            pass
+
+
 def _ipython():
     try:
         from IPython import get_ipython
@@ -445,6 +506,9 @@ class BlockPoolView:
         self._last_draw = float("-inf")
         self._unsubscribe: Callable[[], None] | None = None
         self.redraws = 0  # how many times the widget was redrawn (for tests and curiosity)
+        self.max_overhead = 0.05  # attach(engine): drawing takes at most this fraction of the run
+        self.draw_seconds = 0.0  # attach(engine): time spent redrawing after steps
+        self._engine: _EngineFollower | None = None
 
     def static_html(self) -> str:
         return render_pool(self.pool, self.owners, self.title, columns=self.columns)
@@ -466,8 +530,29 @@ class BlockPoolView:
         if self._stale:
             self.refresh()
 
-    def attach(self) -> None:
-        """Start following the pool (displaying the view does this)."""
+    def attach(self, engine=None) -> None:
+        """Start following the pool (displaying the view does this).
+
+        Given a ``pagedkv.engine.LLMEngine`` (whose pool this view shows),
+        follow the engine instead: redraw after its steps rather than after
+        each pool mutation, label blocks with the running requests (unless
+        ``owners`` was given), and throttle so drawing takes at most
+        ``max_overhead`` of the run.
+        """
+        if engine is not None:
+            manager = getattr(engine, "kv_cache_manager", None)
+            if manager is None or manager.block_pool is not self.pool:
+                raise ValueError("attach(engine): the view must show the engine's pool "
+                                 "(BlockPoolView(engine.kv_cache_manager.block_pool))")
+            if self.owners is None:
+                self.owners = lambda: dict(manager.req_to_blocks)
+            if self._engine is None:
+                self._engine = _follow_engine(self, engine, self.refresh)
+            return
+        if self._engine is not None:  # already following an engine: displaying only redraws
+            if self._stale:
+                self.refresh()
+            return
         if self._unsubscribe is None:
             self._unsubscribe = self.pool.subscribe(self._on_event)
             ip = _ipython()
@@ -477,7 +562,9 @@ class BlockPoolView:
             self.refresh()
 
     def close(self) -> None:
-        """Stop following the pool."""
+        """Stop following the pool (or the engine)."""
+        _unfollow(self._engine)
+        self._engine = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -505,6 +592,11 @@ class BlockTableView:
                  max_columns: int = 32) -> None:
         self.rows, self.pool, self.title, self.max_columns = rows, pool, title, max_columns
         self.widget = _ipywidgets.HTML(value=self.static_html()) if _ipywidgets is not None else None
+        self.min_interval = 0.1  # attach(engine): the most redraws per second ...
+        self.max_overhead = 0.05  # ... and the most of the run they may take
+        self.redraws = 0
+        self.draw_seconds = 0.0  # attach(engine): time spent redrawing after steps
+        self._engine: _EngineFollower | None = None
 
     def static_html(self) -> str:
         return render_block_table(self.rows, self.pool, self.title, self.max_columns)
@@ -513,8 +605,24 @@ class BlockTableView:
         """Redraw, with new rows if given (the same mapping, mutated, works too)."""
         if rows is not None:
             self.rows = rows
+        self.redraws += 1
         if self.widget is not None:
             self.widget.value = self.static_html()
+
+    def attach(self, engine) -> None:
+        """Follow a ``pagedkv.engine.LLMEngine``: show its worker's rows, redrawn after steps (throttled)."""
+        if self._engine is None:
+            if self.pool is None and hasattr(engine, "kv_cache_manager"):
+                self.pool = engine.kv_cache_manager.block_pool
+            worker = getattr(engine, "worker", None)
+            if worker is None:
+                raise TypeError(f"attach(engine) needs a pagedkv.engine.LLMEngine, got {type(engine).__name__}")
+            self._engine = _follow_engine(self, engine, lambda: self.update(worker.rows()))
+
+    def close(self) -> None:
+        """Stop following the engine."""
+        _unfollow(self._engine)
+        self._engine = None
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         data = {}

@@ -1,0 +1,199 @@
+"""``EngineArgs``: the engine's knobs, named as ``vllm serve`` names them.
+
+Every field is validated when the object is built, so a typo fails at once
+with the field and the value in the message, not deep inside a step. Fields
+that need the model to check (``max_model_len`` against the model's context,
+the pool against one ``max_model_len`` sequence) are checked by ``LLMEngine``.
+
+``to_cli()`` prints the equivalent ``vllm serve`` command line, and
+``cli_table()`` maps each field to its flag, so a chapter can put our
+configuration next to a real server's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+from .._device import on_gpu
+
+__all__ = ["EngineArgs", "KERNEL_BACKENDS", "CLI_FLAGS"]
+
+GiB = 2**30
+
+#: ``"auto"``: compiled Triton kernels on a GPU, the PyTorch references elsewhere.
+KERNEL_BACKENDS = ("auto", "triton", "torch")
+
+#: field -> ``vllm serve`` flag (``None``: no flag; the note says what vLLM does instead).
+CLI_FLAGS: dict[str, str | None] = {
+    "block_size": "--block-size",
+    "num_gpu_blocks_override": "--num-gpu-blocks-override",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "watermark": "--watermark",
+    "kv_cache_memory": "--kv-cache-memory-bytes",
+    "prefix_match_unit": "--prefix-match-unit",
+    "kernel_backend": None,
+    "seed": "--seed",
+    "log_stats_interval": None,
+}
+
+_NOTES = {
+    "kernel_backend": "ours: vLLM picks an attention backend itself (--attention-backend)",
+    "log_stats_interval": "ours, in steps: vLLM logs every VLLM_LOG_STATS_INTERVAL seconds",
+    "kv_cache_memory": "None: profile on a GPU, 1 GiB on a CPU",
+}
+
+
+def _int(name: str, value, minimum: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        kind = "an int or None" if optional else "an int"
+        raise TypeError(f"EngineArgs.{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"EngineArgs.{name} must be >= {minimum}, got {value}")
+
+
+def _fraction(name: str, value, lo: float, hi: float, *, lo_open: bool, hi_open: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"EngineArgs.{name} must be a number, got {type(value).__name__} {value!r}")
+    ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise ValueError(f"EngineArgs.{name} must be in {interval}, got {value!r}")
+
+
+def _bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"EngineArgs.{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The engine's configuration, with ``vllm serve``'s names and defaults where it has them.
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_gpu_blocks_override: pool size in blocks, the null block included
+            (as in vLLM: 2048 means 2047 usable blocks). None: size from memory.
+        gpu_memory_utilization: fraction of the GPU's total memory the engine
+            may use (weights, activations and KV together), as in vLLM V1.
+        max_model_len: longest sequence (prompt + output); None: the model's
+            ``max_position_embeddings``.
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step.
+        enable_prefix_caching: reuse cached blocks of identical prefixes.
+        enable_chunked_prefill: split long prompts across steps; off, a prompt
+            that does not fit the step's remaining budget waits.
+        watermark: fraction of the pool an admission must leave free.
+        kv_cache_memory: KV pool bytes (vLLM's ``kv_cache_memory_bytes``);
+            None: profile the GPU, or 1 GiB on a CPU.
+        prefix_match_unit: prefix-match granularity in tokens, a divisor of
+            ``block_size`` (None: ``block_size``). Finer units make hits end
+            inside a block, which the engine serves by copy-on-write.
+        kernel_backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+        seed: seeds torch before the engine runs anything.
+        log_stats_interval: print a vLLM-like stats line every this many steps
+            (0: never).
+    """
+
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.92
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    watermark: float = 0.01
+    kv_cache_memory: int | None = None
+    prefix_match_unit: int | None = None
+    kernel_backend: str = "auto"
+    seed: int = 0
+    log_stats_interval: int = 0
+
+    def __post_init__(self) -> None:
+        _int("block_size", self.block_size, 1)
+        _int("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, optional=True)
+        _fraction("gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, lo_open=True, hi_open=False)
+        _int("max_model_len", self.max_model_len, 2, optional=True)
+        _int("max_num_seqs", self.max_num_seqs, 1)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _bool("enable_prefix_caching", self.enable_prefix_caching)
+        _bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        _fraction("watermark", self.watermark, 0, 1, lo_open=False, hi_open=True)
+        _int("kv_cache_memory", self.kv_cache_memory, 1, optional=True)
+        _int("prefix_match_unit", self.prefix_match_unit, 1, optional=True)
+        if self.prefix_match_unit is not None and self.block_size % self.prefix_match_unit:
+            raise ValueError(f"EngineArgs.prefix_match_unit={self.prefix_match_unit} must divide "
+                             f"block_size={self.block_size}")
+        if not isinstance(self.kernel_backend, str):
+            raise TypeError(f"EngineArgs.kernel_backend must be a str, got "
+                            f"{type(self.kernel_backend).__name__} {self.kernel_backend!r}")
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(f"EngineArgs.kernel_backend must be one of {', '.join(KERNEL_BACKENDS)}, "
+                             f"got {self.kernel_backend!r}")
+        _int("seed", self.seed, 0)
+        _int("log_stats_interval", self.log_stats_interval, 0)
+        # vLLM's scheduler-config checks (SchedulerConfig.verify_max_model_len).
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs})")
+        if self.max_model_len is not None:
+            self.check_max_model_len(self.max_model_len)
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """Without chunked prefill, one step must hold a whole max-length prompt (vLLM's rule)."""
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({max_model_len}) with chunked prefill disabled: longer prompts could never run. "
+                "Increase max_num_batched_tokens, decrease max_model_len, or enable chunked prefill.")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def hash_block_size(self) -> int:
+        """The prefix-match unit the ``KVCacheManager`` hashes by."""
+        return self.block_size if self.prefix_match_unit is None else self.prefix_match_unit
+
+    def resolved_kernel_backend(self) -> str:
+        """``"triton"`` or ``"torch"``: what ``"auto"`` means on this machine."""
+        if self.kernel_backend == "auto":
+            return "triton" if on_gpu() else "torch"
+        return self.kernel_backend
+
+    def replace(self, **changes) -> "EngineArgs":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ----------------------------------------------------------------- the CLI
+    def cli_table(self) -> list[tuple[str, str, str]]:
+        """``(field, vllm serve flag, value)`` for every field; flagless fields say why."""
+        rows = []
+        for f in dataclasses.fields(self):
+            flag = CLI_FLAGS[f.name] or "-"
+            value = getattr(self, f.name)
+            note = _NOTES.get(f.name)
+            shown = repr(value) if not isinstance(value, str) else value
+            rows.append((f.name, flag, shown + (f"  ({note})" if note and (flag == "-" or value is None) else "")))
+        return rows
+
+    def to_cli(self, model: str = "MODEL") -> str:
+        """The ``vllm serve`` command line for these args (fields left at None are omitted)."""
+        parts = [f"vllm serve {model}"]
+        for f in dataclasses.fields(self):
+            flag, value = CLI_FLAGS[f.name], getattr(self, f.name)
+            if flag is None or value is None:
+                continue
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + flag[2:])
+            else:
+                parts.append(f"{flag} {value}")
+        return " \\\n  ".join(parts)

@@ -1,0 +1,293 @@
+"""``LLMEngine``: requests in, tokens out, one scheduler step and one forward pass at a time.
+
+The loop of vLLM's ``LLMEngine``/``EngineCore``, synchronous and greedy:
+
+    add_request(...)          queue a prompt (token ids, or text with a tokenizer)
+    step()                    schedule -> execute -> update; returns RequestOutputs
+    has_unfinished_requests()
+    generate(prompts, ...)    add them, step until they finish, return them in order
+
+Building the engine sizes the KV pool (``sizing``), runs chapter 1's startup
+check, and allocates the caches. Everything the engine decides is visible:
+``engine.scheduler`` (queues and the last ``SchedulerOutput``),
+``engine.kv_cache_manager`` (the pool), ``engine.block_table`` (the worker's
+rows), ``engine.stats()``, step listeners for live views, and a trace that
+replays in a static page.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from ..kv_cache_manager import KVCacheManager
+from .args import EngineArgs
+from .request import EngineRequest, RequestOutput
+from .scheduler import AllocateWithPreemption, Scheduler, SchedulerOutput
+from .sizing import PoolSize, check_startup, determine_num_blocks
+from .stats import EngineStats, StatsCollector
+from .worker import Worker
+
+__all__ = ["LLMEngine", "StepListener"]
+
+#: Called after every step with ``(engine, scheduler_output, outputs)``.
+StepListener = Callable[["LLMEngine", SchedulerOutput, "list[RequestOutput]"], None]
+
+
+class LLMEngine:
+    """A small serving engine over a paged KV cache.
+
+    Args:
+        args: ``EngineArgs`` (default ``EngineArgs()``).
+        model: a ``pagedkv.model.Model``.
+        tokenizer: optional ``tokenizers.Tokenizer``; lets prompts be text and
+            fills ``RequestOutput.text``.
+        allocate_with_preemption: replace the scheduler's preemption loop
+            (see ``pagedkv.engine.scheduler.preempt_last_running``).
+        log_fn: where the stats line goes every ``args.log_stats_interval``
+            steps (default ``print``).
+
+    Raises:
+        ValueError: ``max_model_len`` beyond the model's context, or chapter
+            1's startup error when one ``max_model_len`` request cannot fit the pool.
+    """
+
+    def __init__(self, args: EngineArgs | None, model, tokenizer=None, *,
+                 allocate_with_preemption: AllocateWithPreemption | None = None,
+                 log_fn: Callable[[str], None] | None = None) -> None:
+        args = EngineArgs() if args is None else args
+        if not isinstance(args, EngineArgs):
+            raise TypeError(f"args must be EngineArgs, got {type(args).__name__} {args!r}")
+        for attr in ("config", "allocate_kv_cache", "forward", "compute_logits"):
+            if not hasattr(model, attr):
+                raise TypeError(f"model must be a pagedkv.model.Model (it lacks .{attr}), got {type(model).__name__}")
+        config = model.config
+        max_model_len = args.max_model_len or config.max_position_embeddings
+        if max_model_len > config.max_position_embeddings:
+            raise ValueError(f"max_model_len ({max_model_len}) is greater than the model's context "
+                             f"(max_position_embeddings={config.max_position_embeddings})")
+        args.check_max_model_len(max_model_len)
+        self.args = args
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.kernel_backend = args.resolved_kernel_backend()
+        eos = config.eos_token_id
+        self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        torch.manual_seed(args.seed)
+
+        self.pool: PoolSize = determine_num_blocks(args, model, max_model_len, self.kernel_backend)
+        check_startup(self.pool, model, max_model_len)
+        self.kv_cache_manager = KVCacheManager(self.pool.num_blocks, args.block_size,
+                                               enable_caching=args.enable_prefix_caching,
+                                               hash_block_size=args.hash_block_size, watermark=args.watermark)
+        self.scheduler = Scheduler(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
+                                   max_model_len, args.enable_chunked_prefill, allocate_with_preemption)
+        self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
+                             self.kernel_backend)
+        self.block_table = self.worker.block_table
+        self.last_scheduler_output: SchedulerOutput | None = None
+        self._stats = StatsCollector()
+        self._log_fn = log_fn or print
+        self._listeners: list[StepListener] = []
+        self._pending_outputs: list[RequestOutput] = []
+        self._arrivals = itertools.count()
+        self._generate_ids = itertools.count()
+
+    # ----------------------------------------------------------------- requests
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("a text prompt needs a tokenizer; pass token ids or LLMEngine(..., tokenizer=...)")
+            return list(self.tokenizer.encode(prompt).ids)
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
+            raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
+        vocab = self.model.config.vocab_size
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"prompt[{i}] = {t!r} is not an integer token id")
+            if not 0 <= t < vocab:
+                raise ValueError(f"prompt[{i}] = {t} is not a token id of the model (0..{vocab - 1})")
+        return [int(t) for t in prompt]
+
+    def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False) -> None:
+        """Queue a request. Bad input raises (TypeError/ValueError) and leaves the engine untouched.
+
+        ``prompt``: token ids, or text when the engine has a tokenizer. The
+        prompt must be non-empty and shorter than ``max_model_len``; ids must
+        be unique among unfinished requests; ``max_tokens >= 1``.
+        """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
+        token_ids = self._encode(prompt)
+        self._check_prompt(token_ids, max_tokens, ignore_eos)
+        request = EngineRequest(request_id, token_ids, max_tokens, ignore_eos=ignore_eos,
+                                eos_token_ids=self.eos_token_ids, arrival=next(self._arrivals),
+                                hash_block_size=self.kv_cache_manager.hash_block_size)
+        self.scheduler.add_request(request)
+
+    def _check_prompt(self, token_ids: list[int], max_tokens, ignore_eos) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty: a request needs at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt ({len(token_ids)} tokens) plus at least one generated token does not "
+                             f"fit max_model_len={self.max_model_len}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+            raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__} {max_tokens!r}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if not isinstance(ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {type(ignore_eos).__name__} {ignore_eos!r}")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop an unfinished request now (KeyError if it is not one); its blocks return to the pool.
+
+        Its final ``RequestOutput`` (``finish_reason="abort"``) comes with the next ``step()``.
+        """
+        request = self.scheduler.abort_request(request_id)
+        self.worker.remove_requests([request_id])
+        self._pending_outputs.append(self._output(request, []))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.requests)
+
+    def _output(self, request: EngineRequest, new: list[int]) -> RequestOutput:
+        tokens = list(request.output_token_ids)
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(tokens)
+        return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
+                             request.finish_reason, text)
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step and one forward pass; outputs of every request that got a token (or was aborted)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if not self.scheduler.has_unfinished_requests():
+            return outputs
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self.last_scheduler_output = out
+        if out.is_empty and not self.scheduler.running and not out.preempted_req_ids:
+            head = self.scheduler.waiting.peek()
+            raise RuntimeError(
+                f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
+                f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "
+                f"{self.kv_cache_manager.watermark_blocks} blocks. Lower the watermark or enlarge the pool.")
+        sampled = self.worker.execute_model(out, self.scheduler.requests)
+        if out.cow_pairs:  # the step has run: the copies' extra references can go
+            self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
+        num_prompt_tokens = self._prompt_tokens(out)
+        progressed = self.scheduler.update_from_output(out, sampled)
+        finished = [r.request_id for r in progressed if r.status.is_finished]
+        self.worker.remove_requests(finished)
+        outputs.extend(self._output(r, [r.output_token_ids[-1]]) for r in progressed)
+        self._stats.record_step(num_prompt_tokens, len(progressed), len(out.preempted_req_ids),
+                                time.perf_counter() - t0)
+        for listener in list(self._listeners):
+            listener(self, out, outputs)
+        n = self.args.log_stats_interval
+        if n and self._stats.num_steps % n == 0:
+            self.log_stats()
+        return outputs
+
+    def _prompt_tokens(self, out: SchedulerOutput) -> int:
+        """Tokens computed in prefill (or recomputation) this step: all but the decode tokens."""
+        decode = 0
+        for rid in out.scheduled_running_reqs:
+            req = self.scheduler.requests[rid]
+            if out.num_scheduled_tokens[rid] == 1 and out.num_computed_tokens[rid] >= req.num_prompt_tokens:
+                decode += 1
+        return out.total_num_scheduled_tokens - decode
+
+    def generate(self, prompts: Sequence, max_tokens: int = 16, ignore_eos: bool = False) -> list[RequestOutput]:
+        """Greedy generation for a batch: add every prompt, step until they all finish.
+
+        Returns one finished ``RequestOutput`` per prompt, in prompt order.
+        Requests added earlier by ``add_request`` also advance meanwhile; their
+        outputs are not returned here.
+        """
+        if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of prompts (each a list of token ids or a str)")
+        for i, p in enumerate(prompts):  # validate all before adding any: a bad prompt adds none
+            try:
+                self._check_prompt(self._encode(p), max_tokens, ignore_eos)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompts[{i}]: {e}") from None
+        ids = []
+        for p in prompts:
+            rid = f"generate-{next(self._generate_ids)}"
+            while rid in self.scheduler.requests:
+                rid = f"generate-{next(self._generate_ids)}"
+            self.add_request(rid, p, max_tokens, ignore_eos)
+            ids.append(rid)
+        wanted = set(ids)
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for o in self.step():
+                if o.finished and o.request_id in wanted:
+                    final[o.request_id] = o
+        return [final[rid] for rid in ids]
+
+    # -------------------------------------------------------------------- stats
+    def stats(self) -> EngineStats:
+        """Queues, KV usage, preemptions, prefix-cache hit rate and throughput of the current interval."""
+        s = self.scheduler
+        return self._stats.snapshot(
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=self.kv_cache_manager.usage,
+            num_preemptions=s.num_preemptions,
+            prefix_cache_hit_rate=(None if not self.args.enable_prefix_caching else
+                                   s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0))
+
+    def log_stats(self) -> EngineStats:
+        """Print the stats line now and start a new interval."""
+        stats = self.stats()
+        self._log_fn(stats.log_line())
+        self._stats.end_interval()
+        return stats
+
+    # ------------------------------------------------------- listeners, traces
+    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        """Call ``listener(engine, scheduler_output, outputs)`` after every step; returns an unsubscribe function."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def record_trace(self, max_frames: int = 200, title: str | None = None, max_table_columns: int = 16):
+        """Start recording one frame per step (pool picture, block table, the step's decisions).
+
+        Returns the ``EngineTrace``; ``trace.stop()`` ends it, ``trace.replay()``
+        plays it (also in a static page).
+        """
+        from .trace import EngineTrace
+
+        return EngineTrace(self, max_frames=max_frames, title=title, max_table_columns=max_table_columns).start()
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Every invariant: the manager's, the scheduler's, and the worker's table against the manager."""
+        self.scheduler.check()
+        self.worker.check({r.request_id: self.kv_cache_manager.get_block_ids(r.request_id)
+                           for r in self.scheduler.running})
+
+    def __repr__(self) -> str:
+        return (f"LLMEngine({self.pool.num_blocks} blocks of {self.args.block_size}, max_model_len="
+                f"{self.max_model_len}, backend={self.kernel_backend}, running={self.scheduler.num_running}, "
+                f"waiting={self.scheduler.num_waiting})")

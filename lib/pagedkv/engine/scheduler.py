@@ -1,0 +1,451 @@
+"""The scheduler: which requests compute how many tokens this step, and who is preempted.
+
+This is vLLM V1's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``)
+for a greedy, single-GPU, text-only engine. There is no prefill phase and no
+decode phase: every request has ``num_tokens`` and ``num_computed_tokens``,
+and a step hands each request some tokens so the second catches up with the
+first. A prompt is one long catch-up (split across steps by chunked prefill),
+a decode is a catch-up of one.
+
+One step, in order:
+
+1. **Running requests**, in admission order, each within the token budget:
+   ``allocate_slots`` for its next tokens. When the pool says ``None``, the
+   *last* running request is preempted (its blocks freed, tail first; it goes
+   back to the *front* of the waiting queue with its tokens kept and
+   ``num_computed_tokens = 0``, to be recomputed) and the allocation is
+   retried, until it fits or the request has preempted itself. That loop is
+   ``preempt_last_running``, a replaceable function.
+2. **Waiting requests**, only if nobody was preempted this step (a pool that
+   just had to preempt has no room to admit): front first, while
+   ``max_num_seqs`` and the budget allow, each looked up in the prefix cache
+   (``get_computed_blocks``) and given slots for the rest of its prompt, or
+   for the chunk the budget allows. The first that does not fit stops the
+   admissions (first come, first served).
+
+The decisions of a step come back as a ``SchedulerOutput``, which the worker
+executes and a chapter can print.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ..block_pool import KVCacheBlock
+from ..kv_cache_manager import KVCacheManager
+from .request import EngineRequest, RequestStatus
+
+__all__ = ["SchedulerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
+           "AllocateWithPreemption"]
+
+#: ``(scheduler, request, num_new_tokens) -> new blocks, or None``: see ``preempt_last_running``.
+AllocateWithPreemption = Callable[["Scheduler", EngineRequest, int], "list[KVCacheBlock] | None"]
+
+
+def preempt_last_running(scheduler: "Scheduler", request: EngineRequest,
+                         num_new_tokens: int) -> list[KVCacheBlock] | None:
+    """Find room for a running request's next tokens, preempting from the back (vLLM V1, FCFS).
+
+    Contract of any replacement (``Scheduler(allocate_with_preemption=...)``):
+
+    * call ``scheduler.kv_cache_manager.allocate_slots(request, num_new_tokens)``
+      and return its blocks once it succeeds;
+    * to make room, call ``scheduler.preempt(victim)`` for a request in
+      ``scheduler.running`` (it frees the victim's blocks and requeues it);
+    * return ``None`` when the request cannot run this step; by vLLM's rule
+      this happens exactly when the request has preempted itself.
+    """
+    while True:
+        new_blocks = scheduler.kv_cache_manager.allocate_slots(request, num_new_tokens)
+        if new_blocks is not None:
+            return new_blocks
+        victim = scheduler.running[-1]  # the latest admitted: the least work lost
+        scheduler.preempt(victim)
+        if victim is request:
+            return None
+
+
+class WaitingQueue:
+    """The waiting queue: FIFO, with O(1) prepend (preemption) and O(1) removal (abort).
+
+    An ordered dict keyed by request id: ``append`` and ``prepend`` place a
+    request at either end, ``peek``/``popleft`` read the front, ``remove``
+    takes one out wherever it is (vLLM's ``RequestQueue``, without scanning).
+    """
+
+    def __init__(self) -> None:
+        self._q: OrderedDict[str, EngineRequest] = OrderedDict()
+
+    def append(self, request: EngineRequest) -> None:
+        self._q[request.request_id] = request
+
+    def prepend(self, request: EngineRequest) -> None:
+        self._q[request.request_id] = request
+        self._q.move_to_end(request.request_id, last=False)
+
+    def peek(self) -> EngineRequest:
+        return next(iter(self._q.values()))
+
+    def popleft(self) -> EngineRequest:
+        return self._q.popitem(last=False)[1]
+
+    def remove(self, request_id: str) -> EngineRequest:
+        return self._q.pop(request_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._q
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def __iter__(self) -> Iterator[EngineRequest]:
+        return iter(list(self._q.values()))
+
+    def __getitem__(self, index: int) -> EngineRequest:
+        return list(self._q.values())[index]
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue({list(self._q)})"
+
+
+@dataclass
+class SchedulerOutput:
+    """What one ``schedule()`` decided, in the order it decided it.
+
+    Attributes:
+        step: 1 for the first step.
+        scheduled_new_reqs: requests admitted for the first time.
+        scheduled_resumed_reqs: preempted requests admitted again (recomputed).
+        scheduled_running_reqs: requests that were running and got tokens.
+        num_scheduled_tokens: request id -> tokens computed this step; running
+            requests first, in running order, then the admitted ones.
+        num_computed_tokens: request id -> tokens already in the cache when the
+            step starts (its first position this step; prefix hits included).
+        num_prefix_hit_tokens: admitted request id -> tokens served by the
+            prefix cache instead of computed.
+        new_block_ids: request id -> blocks for the worker's table: an admitted
+            request's whole block list (hits included), a running request's
+            newly appended blocks (possibly none).
+        preempted_req_ids: preempted this step, in order.
+        finished_req_ids: finished or aborted since the previous step.
+        cow_pairs: ``(src, dst)`` block copies to run before the forward pass.
+    """
+
+    step: int
+    scheduled_new_reqs: list[str] = field(default_factory=list)
+    scheduled_resumed_reqs: list[str] = field(default_factory=list)
+    scheduled_running_reqs: list[str] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    num_prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    finished_req_ids: list[str] = field(default_factory=list)
+    cow_pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+    def decisions(self) -> tuple:
+        """The decisions alone, comparable across implementations (the checker compares these)."""
+        return (tuple(self.scheduled_new_reqs), tuple(self.scheduled_resumed_reqs),
+                tuple(self.scheduled_running_reqs), tuple(self.num_scheduled_tokens.items()),
+                tuple(self.preempted_req_ids),
+                tuple((r, tuple(b)) for r, b in self.new_block_ids.items()))
+
+    def summary(self) -> str:
+        """One line: who ran how many tokens, who was admitted or preempted."""
+        parts = []
+        for rid, n in self.num_scheduled_tokens.items():
+            tag = "+" if rid in self.scheduled_running_reqs else ("resume " if rid in self.scheduled_resumed_reqs
+                                                                   else "new ")
+            hit = self.num_prefix_hit_tokens.get(rid, 0)
+            parts.append(f"{tag}{rid}:{n}" + (f" (hit {hit})" if hit else ""))
+        text = f"step {self.step}: " + (", ".join(parts) if parts else "nothing scheduled")
+        if self.preempted_req_ids:
+            text += f"; preempted {', '.join(self.preempted_req_ids)}"
+        if self.cow_pairs:
+            text += f"; copy {', '.join(f'{s}->{d}' for s, d in self.cow_pairs)}"
+        return text
+
+    def describe(self) -> str:
+        """Several lines, one per decision, as a chapter prints them."""
+        lines = [f"step {self.step}: {self.total_num_scheduled_tokens} tokens"]
+        for rid, n in self.num_scheduled_tokens.items():
+            kind = ("running" if rid in self.scheduled_running_reqs
+                    else "resumed" if rid in self.scheduled_resumed_reqs else "new")
+            start = self.num_computed_tokens[rid]
+            line = f"  {kind:8}{rid}: positions {start}..{start + n - 1} ({n} tokens)"
+            if self.num_prefix_hit_tokens.get(rid):
+                line += f", {self.num_prefix_hit_tokens[rid]} from the prefix cache"
+            if self.new_block_ids.get(rid):
+                line += f", blocks {'+' if kind == 'running' else ''}{self.new_block_ids[rid]}"
+            lines.append(line)
+        if self.preempted_req_ids:
+            lines.append(f"  preempted: {', '.join(self.preempted_req_ids)}")
+        if self.cow_pairs:
+            lines.append(f"  copy-on-write: {self.cow_pairs}")
+        if self.finished_req_ids:
+            lines.append(f"  finished since last step: {', '.join(self.finished_req_ids)}")
+        return "\n".join(lines)
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+
+
+class Scheduler:
+    """vLLM V1's scheduler over a ``KVCacheManager``: a running list and a waiting queue.
+
+    Args:
+        kv_cache_manager: the pool's manager (its ``free`` and ``allocate_slots`` are used).
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: token budget of a step.
+        max_model_len: longest sequence; prompts must be shorter.
+        enable_chunked_prefill: split prompts across steps.
+        allocate_with_preemption: the preemption loop,
+            ``(scheduler, request, num_new_tokens) -> blocks | None``
+            (default ``preempt_last_running``).
+
+    ``running`` is a list in admission order (a resumed request rejoins at the
+    end); ``waiting`` a ``WaitingQueue``; ``requests`` every unfinished request
+    by id.
+    """
+
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_chunked_prefill: bool = True,
+                 allocate_with_preemption: AllocateWithPreemption | None = None) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.allocate_with_preemption: AllocateWithPreemption = allocate_with_preemption or preempt_last_running
+        self.running: list[EngineRequest] = []
+        self.waiting = WaitingQueue()
+        self.requests: dict[str, EngineRequest] = {}
+        self.step_count = 0
+        self.num_preemptions = 0  # total, since the scheduler was built
+        # Prefix-cache hits counted at admission of never-preempted requests (vLLM's rule).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._finished_since_last_step: list[str] = []
+        self._out: SchedulerOutput | None = None  # the step being decided
+        self._token_budget = 0
+        # vLLM's watermark applies only when something else is scheduled; pass that if the manager takes it.
+        self._pass_has_scheduled = _accepts(kv_cache_manager.allocate_slots, "has_scheduled_reqs")
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a new request (validated here; on error nothing changes)."""
+        if not isinstance(request, EngineRequest):
+            raise TypeError(f"expected an EngineRequest, got {type(request).__name__} {request!r}")
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(f"request {rid!r}: the prompt ({request.num_tokens} tokens) plus at least one "
+                             f"generated token does not fit max_model_len={self.max_model_len}")
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> EngineRequest:
+        """Finish an unfinished request now: its blocks go back, its status becomes aborted."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+        request = self.requests.get(request_id)
+        if request is None:
+            raise KeyError(f"request {request_id!r} is not an unfinished request (unknown, finished or "
+                           "already aborted)")
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv_cache_manager.free(request)
+        else:
+            self.waiting.remove(request_id)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._finish(request)
+        return request
+
+    def _finish(self, request: EngineRequest) -> None:
+        del self.requests[request.request_id]
+        self._finished_since_last_step.append(request.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ---------------------------------------------------------------- preemption
+    def preempt(self, victim: EngineRequest) -> None:
+        """Preempt a running request: free its blocks (tail first), requeue it at the front.
+
+        Its tokens are kept and ``num_computed_tokens`` goes back to 0: on
+        resumption everything is recomputed (prefix caching may find its freed
+        blocks still cached). If it was already given tokens this step, that
+        is undone and the budget restored.
+        """
+        if victim not in self.running:  # identity: requests compare by object
+            raise ValueError(f"only a running request can be preempted, got {victim!r}")
+        if self.running[-1] is victim:
+            self.running.pop()
+        else:
+            self.running.remove(victim)
+        out, rid = self._out, victim.request_id
+        if out is not None and rid in out.num_scheduled_tokens:
+            self._token_budget += out.num_scheduled_tokens.pop(rid)
+            out.num_computed_tokens.pop(rid, None)
+            out.new_block_ids.pop(rid, None)
+            out.scheduled_running_reqs.remove(rid)
+        self.kv_cache_manager.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(victim)
+        if out is not None:
+            out.preempted_req_ids.append(rid)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step (see the module docstring); the returned output is executed by the worker."""
+        self.step_count += 1
+        out = self._out = SchedulerOutput(step=self.step_count,
+                                          finished_req_ids=self._finished_since_last_step)
+        self._finished_since_last_step = []
+        self._token_budget = self.max_num_batched_tokens
+        try:
+            self._schedule_running(out)
+            if not out.preempted_req_ids:  # vLLM V1: no admissions in a step that preempted
+                self._schedule_waiting(out)
+        finally:
+            self._out = None
+        out.cow_pairs = self.kv_cache_manager.take_pending_copies()
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> None:
+        req_index = 0
+        while req_index < len(self.running) and self._token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, self._token_budget,
+                                 self.max_model_len - request.num_computed_tokens)
+            if num_new_tokens <= 0:  # nothing to compute (cannot happen for a synchronous greedy engine)
+                req_index += 1
+                continue
+            num_preempted = len(out.preempted_req_ids)
+            new_blocks = self.allocate_with_preemption(self, request, num_new_tokens)
+            if new_blocks is None:
+                break  # it could not be scheduled, and nobody after it will be
+            if len(out.preempted_req_ids) != num_preempted:  # victims may have sat before it
+                req_index = self.running.index(request)
+            out.scheduled_running_reqs.append(request.request_id)
+            out.num_scheduled_tokens[request.request_id] = num_new_tokens
+            out.num_computed_tokens[request.request_id] = request.num_computed_tokens
+            out.new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            self._token_budget -= num_new_tokens
+            req_index += 1
+
+    def _allocate_kwargs(self) -> dict:
+        return {"has_scheduled_reqs": bool(self.running)} if self._pass_has_scheduled else {}
+
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
+        manager = self.kv_cache_manager
+        while self.waiting and self._token_budget > 0:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            request = self.waiting.peek()
+            hit_blocks, num_hit = manager.get_computed_blocks(request)
+            num_new_tokens = request.num_tokens - num_hit
+            if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
+                break  # the whole prompt must fit this step: it waits
+            num_new_tokens = min(num_new_tokens, self._token_budget)
+            new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit, hit_blocks,
+                                                **self._allocate_kwargs())
+            if new_blocks is None:
+                break  # first come, first served: nobody overtakes the front
+            self.waiting.popleft()
+            resumed = request.status == RequestStatus.PREEMPTED
+            if not resumed and manager.enable_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_hit
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            rid = request.request_id
+            (out.scheduled_resumed_reqs if resumed else out.scheduled_new_reqs).append(rid)
+            out.num_scheduled_tokens[rid] = num_new_tokens
+            out.num_computed_tokens[rid] = num_hit
+            out.num_prefix_hit_tokens[rid] = num_hit
+            out.new_block_ids[rid] = manager.get_block_ids(rid)
+            self._token_budget -= num_new_tokens
+
+    # ----------------------------------------------------------------- update
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled_token_ids: dict[str, int]) -> list[EngineRequest]:
+        """Apply a step's results: advance progress, append sampled tokens, finish requests.
+
+        ``sampled_token_ids`` holds one token for each request whose prompt
+        (or recomputation) is complete after this step. Returns the requests
+        that got a token, in scheduling order; finished ones have a finished
+        status, their blocks freed and they left ``running``.
+        """
+        progressed: list[EngineRequest] = []
+        finished: set[int] = set()
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            request.num_computed_tokens += n
+            token = sampled_token_ids.get(rid)
+            if token is None:
+                continue
+            if request.num_computed_tokens != request.num_tokens:
+                raise RuntimeError(f"request {rid!r} got a token before its {request.num_tokens} tokens "
+                                   f"were computed ({request.num_computed_tokens})")
+            request.append_output_token_ids(token)
+            progressed.append(request)
+            if request.check_stop(self.max_model_len):
+                self.kv_cache_manager.free(request)
+                self._finish(request)
+                finished.add(id(request))
+        if finished:
+            self.running = [r for r in self.running if id(r) not in finished]
+        return progressed
+
+    # ----------------------------------------------------------------- checks
+    def check(self) -> None:
+        """The scheduler's invariants plus the manager's ``check()``; AssertionError names the broken one."""
+        self.kv_cache_manager.check()
+        running_ids = [r.request_id for r in self.running]
+        waiting_ids = [r.request_id for r in self.waiting]
+        assert len(set(running_ids)) == len(running_ids), f"running has duplicates: {running_ids}"
+        assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
+        assert set(running_ids) | set(waiting_ids) == set(self.requests), \
+            "every unfinished request is running or waiting"
+        assert len(self.running) <= self.max_num_seqs, f"{len(self.running)} running > max_num_seqs"
+        held = set(self.kv_cache_manager.req_to_blocks)
+        assert held == set(running_ids), f"blocks held by {sorted(held)}, running {sorted(running_ids)}"
+        for r in self.running:
+            assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
+            assert 0 < r.num_computed_tokens <= r.num_tokens, f"{r!r}: computed out of range"
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is waiting"
+            assert r.num_computed_tokens == 0, f"{r!r} waits with computed tokens"

@@ -1,0 +1,143 @@
+"""How many KV blocks the engine gets, and the startup check that one max-length request fits.
+
+Three ways to size the pool, in vLLM's order of precedence:
+
+1. ``num_gpu_blocks_override``: that many blocks, the null block included.
+2. ``kv_cache_memory`` bytes (vLLM's ``kv_cache_memory_bytes``), or on a
+   machine without a GPU 1 GiB, divided into blocks as ``pagedkv.budget``
+   does (page bytes per layer, then layers: two floors).
+3. On a GPU, profiling, as vLLM V1's ``determine_available_memory``: the
+   weights are already loaded, a forward pass at ``max_num_batched_tokens``
+   measures the activation peak, and the pool is what is left of
+   ``total x gpu_memory_utilization`` after everything already in use
+   (weights, other processes, the CUDA context) and that peak.
+
+The startup check is chapter 1's (``pagedkv.budget.check_enough_kv_cache_memory``),
+run on the *usable* pool: the null block is held back, as vLLM 0.33 does, so
+2,048 blocks of 16 hold one request of at most 2,047 x 16 = 32,752 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import budget
+from .args import EngineArgs
+
+__all__ = ["model_spec_of", "PoolSize", "determine_num_blocks", "check_startup", "dummy_batch",
+           "profile_activation_bytes"]
+
+CPU_KV_CACHE_MEMORY = budget.GiB  # what a machine without a GPU gets when nothing is said
+
+
+def model_spec_of(config, name: str = "model") -> budget.ModelSpec:
+    """A ``pagedkv.budget.ModelSpec`` for a ``pagedkv.model.ModelConfig`` (what KV sizing needs)."""
+    return budget.ModelSpec(name, config.num_hidden_layers, config.num_attention_heads,
+                            config.num_key_value_heads, config.head_dim, config.num_parameters,
+                            config.max_position_embeddings, config.max_position_embeddings)
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    """The pool the engine built, and where the number came from."""
+
+    num_blocks: int  # including the null block
+    block_size: int
+    block_bytes: int  # one block across all layers
+    source: str  # "override" | "kv_cache_memory" | "cpu default" | "profiled"
+    pool_bytes: float  # what the source offered (override: num_blocks x block_bytes)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def token_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        return (f"KV pool: {self.num_blocks:,} blocks of {self.block_size} tokens ({self.source}), "
+                f"{self.num_usable_blocks:,} usable + the null block; {self.token_slots:,} token slots; "
+                f"{self.num_blocks * self.block_bytes / budget.MiB:,.1f} MiB")
+
+
+def dummy_batch(model, args: EngineArgs, max_model_len: int):
+    """A profiling batch: ``max_num_batched_tokens`` tokens in requests of at most ``max_model_len - 1``.
+
+    Returns ``(input_ids, positions, kv_caches, attn_metadata)`` on the model's
+    device, over a throwaway cache just large enough (at most ``max_num_seqs``
+    requests).
+    """
+    from ..model import AttentionMetadata
+
+    device, B = model.device, args.block_size
+    per_req = max_model_len - 1  # the longest prompt the engine accepts
+    total = min(args.max_num_batched_tokens, args.max_num_seqs * per_req)
+    lens = [per_req] * (total // per_req) + ([total % per_req] if total % per_req else [])
+    blocks = [-(-n // B) for n in lens]
+    caches = model.allocate_kv_cache(sum(blocks) + 1, B)
+    table = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
+    start = 1
+    for r, nb in enumerate(blocks):
+        table[r, :nb] = torch.arange(start, start + nb, dtype=torch.int32)
+        start += nb
+    positions = torch.cat([torch.arange(n) for n in lens])
+    req = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    slots = table[req, positions // B].long() * B + positions % B
+    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(lens), 0)
+    meta = AttentionMetadata(slots.to(device), table.to(device),
+                             torch.tensor(lens, dtype=torch.int32).to(device), qsl.to(device))
+    ids = torch.zeros(total, dtype=torch.int64, device=device)
+    return ids, positions.to(device), caches, meta
+
+
+def profile_activation_bytes(model, args: EngineArgs, max_model_len: int, kernel_backend: str) -> int:
+    """Peak bytes a forward pass over ``dummy_batch`` allocates beyond what it started with (CUDA only)."""
+    ids, positions, caches, meta = dummy_batch(model, args, max_model_len)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.inference_mode():
+        hidden = model.forward(ids, positions, caches, meta, kernel_backend=kernel_backend)
+        model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del caches, hidden
+    torch.cuda.empty_cache()
+    return max(0, peak)
+
+
+def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_backend: str) -> PoolSize:
+    """Size the pool (see the module docstring)."""
+    spec = model_spec_of(model.config)
+    dtype, B = model.dtype, args.block_size
+    block_bytes = budget.block_bytes(spec, B, dtype)
+    if args.num_gpu_blocks_override is not None:
+        n = args.num_gpu_blocks_override
+        return PoolSize(n, B, block_bytes, "override", float(n * block_bytes))
+    if args.kv_cache_memory is not None or model.device.type != "cuda":
+        pool = args.kv_cache_memory if args.kv_cache_memory is not None else CPU_KV_CACHE_MEMORY
+        source = "kv_cache_memory" if args.kv_cache_memory is not None else "cpu default"
+    else:
+        torch.cuda.synchronize(model.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(model.device)
+        activation = profile_activation_bytes(model, args, max_model_len, kernel_backend)
+        # Everything in use before profiling (weights, other processes, the context) counts against the budget.
+        pool = budget.kv_pool_bytes(total, args.gpu_memory_utilization, total - free, activation)
+        source = "profiled"
+    n = budget.num_gpu_blocks(pool, spec, B, dtype)
+    if n < 2:
+        raise ValueError(f"the KV pool ({pool / budget.MiB:.2f} MiB, {source}) holds {n} blocks of "
+                         f"{block_bytes / budget.KiB:.1f} KiB; the engine needs at least 2 (one is the null block)")
+    return PoolSize(n, B, block_bytes, source, float(pool))
+
+
+def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
+    """Chapter 1's startup error if one ``max_model_len`` request cannot fit the usable pool."""
+    usable_bytes = pool.num_usable_blocks * pool.block_bytes
+    budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
+                                        pool.block_size, model.dtype)

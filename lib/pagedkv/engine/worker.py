@@ -1,0 +1,173 @@
+"""The worker (vLLM's model runner): block-table rows, KV caches, one forward pass per step.
+
+Per step, from the scheduler's decisions:
+
+1. **Rows.** Each running request owns one row of the ``BlockTable``; rows
+   stay dense (``0..num_reqs-1``). A request that leaves (finished, aborted,
+   preempted) gives its row to the last row's request (``move_row``), as
+   vLLM's ``InputBatch.condense`` does. A request entering gets the next row
+   with its whole block list (``add_row``); a running one only appends the
+   blocks it got this step (``append_row``): the table is append-only.
+2. **Copies.** Pending copy-on-write pairs run before the forward pass reads
+   the cache (``copy_blocks``); the engine acknowledges them after the step.
+3. **Inputs.** Token ids and positions of every scheduled token, grouped by
+   row; the slot mapping from the committed table; ``AttentionMetadata``.
+4. **Forward and sample.** ``model.forward``, then greedy sampling (argmax)
+   from the last scheduled token of each request whose prompt (or
+   recomputation) is complete after this step. A request in the middle of a
+   chunked prefill gets no token.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+import torch
+
+from ..block_table import BlockTable
+from .request import EngineRequest
+from .scheduler import SchedulerOutput
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """Runs the model on the scheduler's decisions.
+
+    Args:
+        model: a ``pagedkv.model.Model`` (or anything with its
+            ``allocate_kv_cache``/``forward``/``compute_logits`` contract).
+        num_blocks: blocks in every layer's KV tensors (the null block included).
+        block_size: tokens per block.
+        max_num_reqs: rows of the block table (``max_num_seqs``).
+        max_model_len: sizes the table's columns, ``cdiv(max_model_len, block_size)``.
+        kernel_backend: ``"triton"`` or ``"torch"``.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
+                 kernel_backend: str) -> None:
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        self.kernel_backend = kernel_backend
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device=self.device)
+        self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
+        self.row_of: dict[str, int] = {}
+        if kernel_backend == "triton":
+            from ..kernels import copy_blocks
+        else:
+            from ..kernels import copy_blocks_ref as copy_blocks
+        self._copy_blocks = copy_blocks
+
+    # ------------------------------------------------------------------- rows
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    def rows(self) -> dict[str, list[int]]:
+        """``{request id: block ids}`` of every row, in row order (what the table holds)."""
+        return {rid: self.block_table.row(r) for r, rid in enumerate(self.req_ids)}
+
+    def remove_requests(self, req_ids: Iterable[str]) -> None:
+        """Free the rows of requests that left; the last row moves into each hole (rows stay dense)."""
+        for rid in req_ids:
+            row = self.row_of.pop(rid, None)
+            if row is None:
+                continue  # never had a row, or already removed
+            last = len(self.req_ids) - 1
+            if row != last:
+                moved = self.req_ids[last]
+                self.block_table.move_row(last, row)
+                self.req_ids[row] = moved
+                self.row_of[moved] = row
+            self.block_table.clear_row(last)
+            self.req_ids.pop()
+
+    def _update_rows(self, out: SchedulerOutput) -> None:
+        self.remove_requests(out.finished_req_ids)
+        self.remove_requests(out.preempted_req_ids)
+        for rid in out.num_scheduled_tokens:
+            ids = out.new_block_ids.get(rid, [])
+            row = self.row_of.get(rid)
+            if row is None:
+                row = len(self.req_ids)
+                self.block_table.add_row(ids, row)
+                self.req_ids.append(rid)
+                self.row_of[rid] = row
+            elif ids:
+                self.block_table.append_row(ids, row)
+
+    # ----------------------------------------------------------------- a step
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> dict[str, int]:
+        """Run one step; return ``{request id: sampled token}`` for requests that complete a prompt or decode."""
+        from ..model import AttentionMetadata
+
+        self._update_rows(out)
+        if out.is_empty:
+            return {}
+        self.block_table.commit(self.num_reqs)
+        if out.cow_pairs:  # before anything reads the cache
+            self._copy_blocks(self.kv_caches, out.cow_pairs)
+
+        # Requests in row order, so the table's first rows can be passed without a copy.
+        sched = sorted(out.num_scheduled_tokens, key=self.row_of.__getitem__)
+        rows = np.fromiter((self.row_of[r] for r in sched), dtype=np.int64, count=len(sched))
+        q_lens = np.fromiter((out.num_scheduled_tokens[r] for r in sched), dtype=np.int64, count=len(sched))
+        starts = np.fromiter((out.num_computed_tokens[r] for r in sched), dtype=np.int64, count=len(sched))
+        token_ids: list[int] = []
+        for rid, s, n in zip(sched, starts.tolist(), q_lens.tolist()):
+            token_ids.extend(requests[rid].all_token_ids[s:s + n])
+        cu = np.zeros(len(sched) + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        total = int(cu[-1])
+        # position of token t of request i: starts[i] + (t - cu[i])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens)
+        req_indices = np.repeat(rows, q_lens)
+
+        if self.kernel_backend == "triton":
+            slot_mapping = self.block_table.compute_slot_mapping(req_indices, positions, self.block_size)
+        else:
+            from ..kernels import compute_slot_mapping_ref
+
+            slot_mapping = compute_slot_mapping_ref(self.block_table.get_device_tensor(self.num_reqs),
+                                                    req_indices, positions, self.block_size)
+        if np.array_equal(rows, np.arange(len(sched))):
+            table = self.block_table.get_device_tensor(len(sched))
+        else:  # some running requests sit this step out: gather the scheduled rows
+            table = self.block_table.get_device_tensor().index_select(
+                0, torch.from_numpy(rows).to(self.device))
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            block_table=table,
+            seq_lens=torch.from_numpy((starts + q_lens).astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+        )
+        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
+        hidden = self.model.forward(input_ids, torch.from_numpy(positions).to(dev), self.kv_caches, meta,
+                                    kernel_backend=self.kernel_backend)
+
+        # Sample only where the whole sequence is now computed (the last token's logits are the next token's).
+        done = [i for i, rid in enumerate(sched) if starts[i] + q_lens[i] == requests[rid].num_tokens]
+        if not done:
+            return {}
+        last = torch.from_numpy(cu[1:][done] - 1).to(dev)
+        logits = self.model.compute_logits(hidden.index_select(0, last))
+        tokens = torch.argmax(logits, dim=-1).tolist()
+        return {sched[i]: t for i, t in zip(done, tokens)}
+
+    # ----------------------------------------------------------------- checks
+    def check(self, expected: Mapping[str, list[int]]) -> None:
+        """The table holds exactly ``expected`` (request id -> block ids), rows dense; AssertionError if not."""
+        self.block_table.check()
+        assert set(self.row_of) == set(self.req_ids) and len(self.req_ids) == len(self.row_of), \
+            "row index agrees with the row list"
+        assert all(self.row_of[r] == i for i, r in enumerate(self.req_ids)), "row index agrees with the row list"
+        assert int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0, "rows past the batch are empty"
+        rows = self.rows()
+        assert set(rows) == set(expected), f"table rows {sorted(rows)} != running {sorted(expected)}"
+        for rid, ids in expected.items():
+            assert rows[rid] == list(ids), f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}"
