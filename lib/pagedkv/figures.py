@@ -1,0 +1,120 @@
+"""Static matplotlib pictures for the chapters: the chapter shows the call.
+
+Each function draws one picture and returns its ``Figure``, already closed
+with ``pyplot.close`` so that a notebook shows it once: as the value of the
+cell's last expression (Jupyter renders a ``Figure`` as a PNG). Sizes fit the
+book's 688-pixel column; text is 8-9 pt.
+
+- ``block_table_figure``: a worker-side ``BlockTable`` as a grid of block ids
+  (chapter 4);
+- ``pool_snapshot`` and ``pool_history_figure``: the pages of a
+  ``scheduler_sim.PagedKV``, step by step, with owners and pins (chapter 6).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+__all__ = ["block_table_figure", "pool_snapshot", "pool_history_figure"]
+
+_EMPTY = "#eeeeee"
+
+
+def block_table_figure(table, row_names: Mapping[int, str],
+                       title: str) -> Figure:
+    """The staged rows of ``table`` (a ``BlockTable``) as a grid.
+
+    One row per table row, one cell per column; a live cell (column below the
+    row's ``num_blocks_per_row``) shows its block id in the colour of the
+    request named by ``row_names[row]``; cells past a row's length are grey.
+    A request keeps its colour from one picture to the next (it is chosen by
+    the name's first character: ``a`` is the first colour of ``tab10``, ``b``
+    the second, ...). Rows missing from ``row_names`` are labelled ``-``.
+    """
+    rows, cols = table.np.shape
+    palette = plt.get_cmap("tab10")
+    colour_of = {name: palette((ord(name[:1] or "a") - ord("a")) % 10)
+                 for name in row_names.values()}
+    fig, ax = plt.subplots(figsize=(min(1.0 + 0.7 * cols, 9.0),
+                                    0.8 + 0.5 * rows))
+    for r in range(rows):
+        n = int(table.num_blocks_per_row[r])
+        for c in range(cols):
+            live = c < n and r in row_names
+            colour = colour_of[row_names[r]] if live else _EMPTY
+            ax.add_patch(plt.Rectangle(
+                (c, r), 1, 1, facecolor=colour, alpha=0.55 if live else 1.0,
+                edgecolor="white", linewidth=2))
+            if c < n:
+                ax.text(c + 0.5, r + 0.5, str(table.np[r, c]),
+                        ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)
+    ax.set_xticks(np.arange(cols) + 0.5, [str(c) for c in range(cols)])
+    ax.set_yticks(np.arange(rows) + 0.5,
+                  [f"row {r}: {row_names.get(r, '-')}" for r in range(rows)])
+    ax.set_xlabel("logical block (column)")
+    ax.set_title(title)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def pool_snapshot(pool) -> dict[int, tuple[list[int], set[str], set[str]]]:
+    """Each allocated page of a ``PagedKV``: ``(tokens, owners, pins)``."""
+    return {page: (list(tokens), set(pool.owners[page]), set(pool.pins[page]))
+            for page, tokens in pool.pages.items()}
+
+
+_STATE_COLOURS = {"owned": "#8fc1e3", "owned + pinned": "#f5b971",
+                  "pinned only": "#e8836f", "free": _EMPTY}
+
+
+def _state(page: int, pages) -> str:
+    if page not in pages:
+        return "free"
+    _, owners, pins = pages[page]
+    if owners and pins:
+        return "owned + pinned"
+    return "owned" if owners else "pinned only"
+
+
+def pool_history_figure(history: Sequence[tuple[str, Mapping]],
+                        num_pages: int, title: str) -> Figure:
+    """One row per step of ``history``: ``(label, pool_snapshot(pool))`` pairs.
+
+    Each page is a cell coloured by its state (owned, owned and pinned, pinned
+    only, free) and labelled ``tokens`` over ``owners | pins``.
+    """
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(history) + 0.6))
+    for row, (_, pages) in enumerate(history):
+        for page in range(num_pages):
+            state = _state(page, pages)
+            ax.add_patch(plt.Rectangle((page, -row - 0.9), 0.95, 0.8,
+                                       color=_STATE_COLOURS[state]))
+            if state == "free":
+                text = "free"
+            else:
+                tokens, owners, pins = pages[page]
+                text = (f"{tokens}\n{','.join(sorted(owners)) or '-'}"
+                        f" | {','.join(sorted(pins)) or '-'}")
+            ax.text(page + 0.475, -row - 0.5, text,
+                    ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, num_pages)
+    ax.set_ylim(-len(history), 0)
+    ax.set_xticks([p + 0.475 for p in range(num_pages)],
+                  [f"page {p}" for p in range(num_pages)])
+    ax.set_yticks([-r - 0.5 for r in range(len(history))],
+                  [label for label, _ in history])
+    ax.set_title(title)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c)
+                       for c in _STATE_COLOURS.values()],
+              labels=list(_STATE_COLOURS), loc="upper center",
+              bbox_to_anchor=(0.5, -0.08), ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
