@@ -294,7 +294,11 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
 
 @dataclass(frozen=True)
 class BudgetPlan:
-    """One configuration's numbers, as the chapter's calculator shows them."""
+    """One configuration's numbers, as the chapter's calculator shows them.
+
+    With ``tensor_parallel_size`` > 1 every size is one GPU's (one rank's):
+    its share of the weights, its pool, its blocks.
+    """
 
     gpu: str
     model: str
@@ -313,6 +317,7 @@ class BudgetPlan:
     request_len: int
     blocks_per_request: int
     paged_ceiling: int
+    tensor_parallel_size: int = 1
 
     @property
     def headroom_bytes(self) -> float:
@@ -321,59 +326,128 @@ class BudgetPlan:
 
     def rows(self) -> list[tuple[str, str]]:
         """The plan as (label, value) rows, rounded for display."""
-        return [
-            ("GPU memory", f"{self.total_bytes / GiB:.2f} GiB"),
-            ("KV bytes per token", f"{self.bytes_per_token / KiB:,.0f} KiB"),
-            ("weights", f"{self.weight_bytes / GiB:.2f} GiB"),
+        tp = self.tensor_parallel_size
+        per = " per GPU" if tp > 1 else ""
+        rows = [("GPU memory", f"{self.total_bytes / GiB:.2f} GiB")]
+        if tp > 1:
+            rows.append(("tensor_parallel_size", f"{tp}"))
+        return rows + [
+            (f"KV bytes per token{per}",
+             f"{self.bytes_per_token / KiB:,.0f} KiB"),
+            (f"weights{per}", f"{self.weight_bytes / GiB:.2f} GiB"),
             ("non-KV allowance", f"{self.non_kv_bytes / GiB:.2f} GiB"),
-            ("KV pool", f"{self.pool_bytes / GiB:.2f} GiB"),
+            (f"KV pool{per}", f"{self.pool_bytes / GiB:.2f} GiB"),
             (f"blocks of {self.block_size}", f"{self.num_blocks:,}"),
             ("token slots", f"{self.token_slots:,}"),
-            (f"contiguous reservations of {self.max_model_len:,}", f"{self.contiguous_reservations:,}"),
-            (f"paged ceiling at {self.request_len:,} tokens", f"{self.paged_ceiling:,}"),
+            (f"contiguous reservations of {self.max_model_len:,}",
+             f"{self.contiguous_reservations:,}"),
+            (f"paged ceiling at {self.request_len:,} tokens",
+             f"{self.paged_ceiling:,}"),
         ]
 
 
-def plan(gpu: str | GPUSpec = "H100 SXM 80GB", model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
-         gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0, max_model_len: int = 32_768,
-         block_size: int = 16, request_len: int = 612, weight_gib: float | None = None,
-         weight_dtype: str = "bf16") -> BudgetPlan:
-    """Size a pool end to end. ``weight_gib`` overrides the weights computed from the parameter count."""
+def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
+         model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
+         gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
+         max_model_len: int = 32_768, block_size: int = 16,
+         request_len: int = 612, weight_gib: float | None = None,
+         weight_dtype: str = "bf16",
+         tensor_parallel_size: int = 1) -> BudgetPlan:
+    """Size a pool end to end: one GPU's, for ``tensor_parallel_size`` GPUs.
+
+    ``weight_gib`` overrides the whole model's weights computed from the
+    parameter count. With tensor parallelism each rank holds 1/tp of the
+    weights and its share of the KV heads (:func:`kv_heads_per_rank`: split,
+    or replicated once there are more ranks than KV heads), and sizes its own
+    pool from its own GPU as below; every figure of the plan is per rank.
+    ``non_kv_gib`` is each rank's allowance.
+    """
     g, m = gpu_spec(gpu), model_spec(model)
-    w = weight_bytes(m, weight_dtype) if weight_gib is None else _non_negative(weight_gib, "weight_gib") * GiB
+    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    if weight_gib is None:
+        w = weight_bytes(m, weight_dtype, tp)
+    else:
+        w = _non_negative(weight_gib, "weight_gib") * GiB / tp
     non_kv = _non_negative(non_kv_gib, "non_kv_gib") * GiB
     pool = kv_pool_bytes(g.total_bytes, gpu_memory_utilization, w, non_kv)
-    blocks = num_gpu_blocks(pool, m, block_size, dtype)
+    blocks = num_gpu_blocks(pool, m, block_size, dtype, tp)
+    per_token = kv_bytes_per_token(m, dtype, tp)
+    reservation = _positive_int(max_model_len, "max_model_len") * per_token
     return BudgetPlan(
-        gpu=g.name, model=m.name, dtype=str(dtype), total_bytes=g.total_bytes, weight_bytes=w,
-        non_kv_bytes=non_kv, gpu_memory_utilization=gpu_memory_utilization, pool_bytes=pool,
-        bytes_per_token=kv_bytes_per_token(m, dtype), block_size=block_size, num_blocks=blocks,
-        token_slots=token_slots(blocks, block_size), max_model_len=max_model_len,
-        contiguous_reservations=contiguous_reservations(pool, m, max_model_len, dtype),
-        request_len=request_len, blocks_per_request=blocks_per_request(request_len, block_size),
+        gpu=g.name, model=m.name, dtype=str(dtype), total_bytes=g.total_bytes,
+        weight_bytes=w, non_kv_bytes=non_kv,
+        gpu_memory_utilization=gpu_memory_utilization, pool_bytes=pool,
+        bytes_per_token=per_token, block_size=block_size, num_blocks=blocks,
+        token_slots=token_slots(blocks, block_size),
+        max_model_len=max_model_len,
+        contiguous_reservations=int(pool // reservation),
+        request_len=request_len,
+        blocks_per_request=blocks_per_request(request_len, block_size),
         paged_ceiling=paged_ceiling(blocks, request_len, block_size),
+        tensor_parallel_size=tp,
     )
 
 
-def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
-                          gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
-                          block_size: int = 16, device: int = 0) -> dict:
-    """Size a pool from THIS GPU's real memory (``torch.cuda.mem_get_info``).
+def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
+                          dtype: str = "bf16",
+                          gpu_memory_utilization: float = 0.92,
+                          non_kv_gib: float = 6.0, block_size: int = 16,
+                          device: int = 0,
+                          free_and_total: tuple[int, int] | None = None,
+                          ) -> dict:
+    """Size a pool from a GPU's real memory, with vLLM 0.33.0's V1 rules.
 
-    As in vLLM, memory already taken by other processes counts against the
-    utilization budget, so a busy GPU gets a smaller pool than its spec sheet says.
+    ``torch.cuda.mem_get_info(device)`` gives (free, total) bytes, or pass
+    ``free_and_total`` to ask "what if". As vLLM's worker does at startup
+    (``request_memory`` after the memory snapshot in ``init_device``, then
+    ``determine_available_memory``):
+
+    1. The instance asks for ``requested = ceil(total x utilization)``. The
+       budget is per instance and is a share of the *total*, not of what is
+       free.
+    2. If ``free < requested`` it refuses to start (a ``ValueError`` with
+       vLLM's wording: decrease the utilization or free the GPU).
+    3. Otherwise the pool is ``requested - weights - non-KV``. vLLM measures
+       what *this* instance consumes (weights, its non-torch memory, the
+       activation peak, the CUDA-graph estimate) as differences from the
+       snapshot, so memory other processes held before it started is never
+       subtracted from the budget: it only has to leave room for it.
+
+    Two instances at 0.5 each can share one GPU; a second one at 0.92 cannot.
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError("pool_from_free_memory needs a CUDA GPU; this machine has none")
-    free, total = torch.cuda.mem_get_info(device)
-    used_elsewhere = total - free
+    if free_and_total is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("pool_from_free_memory needs a CUDA GPU; "
+                               "this machine has none (or pass free_and_total)")
+        free, total = torch.cuda.mem_get_info(device)
+        name = torch.cuda.get_device_name(device)
+    else:
+        free, total = free_and_total
+        name = "given"
+    _non_negative(free, "free memory")
+    _non_negative(total, "total memory")
+    if free > total:
+        raise ValueError(f"free memory ({free}) exceeds total ({total})")
     w = weight_bytes(model, dtype)
-    pool = kv_pool_bytes(total, gpu_memory_utilization, w + used_elsewhere, _non_negative(non_kv_gib, "non_kv_gib") * GiB)
+    non_kv = _non_negative(non_kv_gib, "non_kv_gib") * GiB
+    # Validates the utilization and refuses a budget the weights fill.
+    kv_pool_bytes(total, gpu_memory_utilization, w, non_kv)
+    requested = math.ceil(total * gpu_memory_utilization)
+    if free < requested:
+        raise ValueError(
+            f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB)"
+            f" on startup is less than desired GPU memory utilization "
+            f"({gpu_memory_utilization}, {requested / GiB:.2f} GiB). "
+            f"Decrease GPU memory utilization or reduce GPU memory used by "
+            f"other processes.")
+    pool = requested - w - non_kv
     blocks = num_gpu_blocks(pool, model, block_size, dtype)
     return {
-        "device": torch.cuda.get_device_name(device),
+        "device": name,
         "total_gib": total / GiB,
         "free_gib": free / GiB,
+        "in_use_gib": (total - free) / GiB,  # not subtracted
+        "requested_gib": requested / GiB,
         "pool_gib": pool / GiB,
         "num_blocks": blocks,
         "token_slots": token_slots(blocks, block_size),

@@ -180,6 +180,68 @@ def test_free_memory_sizing_needs_a_gpu_or_measures_one():
             b.pool_from_free_memory()
 
 
+H100_TOTAL = 81_559 * MiB
+
+
+def test_free_memory_budget_is_a_share_of_the_total_not_of_what_is_free():
+    # vLLM 0.33.0: requested = ceil(total x util); other processes' memory is
+    # not subtracted, so any free memory >= requested gives the same pool.
+    idle = b.pool_from_free_memory(free_and_total=(H100_TOTAL - GiB, H100_TOTAL),
+                                   gpu_memory_utilization=0.5)
+    busy = b.pool_from_free_memory(free_and_total=(math.ceil(H100_TOTAL * 0.5), H100_TOTAL),
+                                   gpu_memory_utilization=0.5)
+    assert idle["pool_gib"] == busy["pool_gib"] and idle["num_blocks"] == busy["num_blocks"]
+    assert busy["in_use_gib"] == pytest.approx(H100_TOTAL * 0.5 / GiB, abs=1e-6)
+    expected = math.ceil(H100_TOTAL * 0.5) - b.weight_bytes("Llama-3-8B") - 6 * GiB
+    assert idle["pool_gib"] * GiB == expected
+    assert idle["num_blocks"] == b.num_gpu_blocks(expected, "Llama-3-8B")
+
+
+def test_free_memory_below_the_request_refuses_to_start():
+    free = math.ceil(H100_TOTAL * 0.92) - 1
+    with pytest.raises(ValueError) as info:
+        b.pool_from_free_memory(free_and_total=(free, H100_TOTAL))
+    msg = str(info.value)
+    assert "less than desired GPU memory utilization (0.92, 73.28 GiB)" in msg
+    assert "Free memory on device (73.28/79.65 GiB)" in msg
+    # Two instances at 0.46 each fit where one at 0.92 left the rest in use.
+    r = b.pool_from_free_memory(free_and_total=(H100_TOTAL // 2 + GiB, H100_TOTAL),
+                                gpu_memory_utilization=0.46)
+    assert r["num_blocks"] > 0
+
+
+@pytest.mark.parametrize("free_and_total,needle", [
+    ((-1, H100_TOTAL), "free memory must be a non-negative number"),
+    ((H100_TOTAL + 1, H100_TOTAL), "exceeds total"),
+])
+def test_free_memory_bad_figures_are_named(free_and_total, needle):
+    with pytest.raises(ValueError, match=needle):
+        b.pool_from_free_memory(free_and_total=free_and_total)
+
+
+def test_plan_with_tensor_parallelism_is_per_rank():
+    one = b.plan(model="Llama-3-70B", tensor_parallel_size=4)
+    assert one.tensor_parallel_size == 4
+    assert one.weight_bytes == b.weight_bytes("Llama-3-70B", "bf16", 4)
+    assert one.bytes_per_token == 80 * KiB
+    pool = 81_559 * MiB * 0.92 - one.weight_bytes - 6 * GiB
+    assert one.pool_bytes == pytest.approx(pool)
+    assert one.num_blocks == b.num_gpu_blocks(pool, "Llama-3-70B", 16, "bf16", 4)
+    assert one.contiguous_reservations == int(pool // (32_768 * 80 * KiB))
+    assert dict(one.rows())["tensor_parallel_size"] == "4"
+    assert "KV pool per GPU" in dict(one.rows())
+    # The weight override is the whole model's, split across ranks.
+    assert b.plan(weight_gib=14.96, tensor_parallel_size=2).weight_bytes == 7.48 * GiB
+    # 70B's weights alone overflow one H100; on two 1.57 GiB is left per rank.
+    with pytest.raises(ValueError, match="no memory left"):
+        b.plan(model="Llama-3-70B")
+    assert round(b.plan(model="Llama-3-70B", tensor_parallel_size=2).pool_bytes / GiB, 2) == 1.57
+    assert b.plan(model="Llama-3-70B", tensor_parallel_size=8).num_blocks > one.num_blocks
+    with pytest.raises(ValueError, match="tensor_parallel_size=3"):
+        b.plan(model="Llama-3-70B", tensor_parallel_size=3)
+    assert b.plan(weight_gib=14.96) == b.plan(weight_gib=14.96, tensor_parallel_size=1)
+
+
 @pytest.mark.parametrize("name,preset", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100 SXM 80GB"),
                                          ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"), ("NVIDIA L4", "L4"),
                                          ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA L40S", None),
