@@ -1,23 +1,38 @@
 """Chapter 1's budget calculator: a figure of the HBM budget and an interactive view of it.
 
 ``plot_budget(plan)`` draws where a GPU's memory goes. ``BudgetCalculator`` puts
-controls (GPU, model, dtype, utilization, ``max_model_len``, block size, request
-length) in front of :func:`pagedkv.budget.plan` and redraws on every change. Its
-rich display carries a static HTML rendering of the current plan as well as the
-live widget, so a page built from the executed notebook shows the table and the
-figure rather than an empty box.
+controls (GPU, model, KV dtype, tensor-parallel size, utilization, non-KV
+allowance, ``max_model_len``, block size, request length) in front of
+:func:`pagedkv.budget.plan` and redraws on every change. Like vLLM at startup it
+runs the startup check (:func:`pagedkv.budget.check_enough_kv_cache_memory`)
+and shows its message in red when one ``max_model_len`` request does not fit.
+Its rich display carries a static HTML rendering of the current plan as well as
+the live widget, so a page built from the executed notebook shows the settings,
+the table and the figure rather than an empty box.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 
 from . import budget
 from .budget import GiB
 
-COLORS = {"weights": "#6c757d", "non-KV allowance": "#f0ad4e", "KV pool": "#2c7fb8", "headroom": "#d9d9d9"}
+COLORS = {"weights": "#6c757d", "non-KV allowance": "#f0ad4e",
+          "KV pool": "#2c7fb8", "headroom": "#d9d9d9"}
+
+# Figures are drawn for the book's 688-px column at the inline backend's
+# 100 dpi; the static rendering uses the same size.
+FIG_WIDTH_IN = 6.8
+FIG_DPI = 100
+
+
+def fmt_fraction(x: float) -> str:
+    """A utilization as a reader would type it: 0.92, not 0.9199999999999999."""
+    return f"{round(float(x), 4):g}"
 
 
 def budget_parts(p: budget.BudgetPlan) -> dict[str, float]:
@@ -30,26 +45,48 @@ def budget_parts(p: budget.BudgetPlan) -> dict[str, float]:
     }
 
 
+def plan_title(p: budget.BudgetPlan) -> str:
+    """One short line naming the configuration (TP shown only when > 1)."""
+    tp = (f", tensor_parallel_size={p.tensor_parallel_size}"
+          if p.tensor_parallel_size > 1 else "")
+    return f"{p.model} ({p.dtype}) on {p.gpu}{tp}"
+
+
 def plot_budget(p: budget.BudgetPlan, ax=None):
-    """A horizontal stacked bar of the HBM budget, labelled in GiB. Returns the figure."""
+    """A horizontal stacked bar of one GPU's memory, labelled in GiB.
+
+    The legend sits between the title and the bar, so nothing below the axis
+    competes with its label. Returns the figure.
+    """
     import matplotlib.pyplot as plt
 
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 2.2))
+        fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 2.3))
     else:
         fig = ax.figure
     left = 0.0
+    total = p.total_bytes / GiB
     for label, gib in budget_parts(p).items():
-        ax.barh(0, gib, left=left, color=COLORS[label], edgecolor="white", label=f"{label}: {gib:.2f} GiB")
-        if gib > 0.06 * p.total_bytes / GiB:
-            ax.text(left + gib / 2, 0, f"{gib:.2f}", ha="center", va="center", fontsize=9,
-                    color="white" if label in ("KV pool", "weights") else "black")
+        ax.barh(0, gib, left=left, color=COLORS[label], edgecolor="white",
+                label=f"{label}: {gib:.2f} GiB")
+        if gib > 0.06 * total:
+            ax.text(left + gib / 2, 0, f"{gib:.2f}", ha="center",
+                    va="center", fontsize=9,
+                    color="white" if label in ("KV pool", "weights")
+                    else "black")
         left += gib
-    ax.set_xlim(0, p.total_bytes / GiB)
+    ax.set_xlim(0, total)
     ax.set_yticks([])
-    ax.set_xlabel("GiB of GPU memory")
-    ax.set_title(f"{p.model} ({p.dtype}) on {p.gpu}: gpu_memory_utilization={p.gpu_memory_utilization:g}")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False, fontsize=8)
+    per = (f" (each of {p.tensor_parallel_size} GPUs)"
+           if p.tensor_parallel_size > 1 else "")
+    ax.set_xlabel(f"GiB of GPU memory{per}", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    util = fmt_fraction(p.gpu_memory_utilization)
+    ax.set_title(f"{plan_title(p)}\ngpu_memory_utilization={util}",
+                 fontsize=10, pad=28)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
+              frameon=False, fontsize=7.5, handlelength=1.2,
+              columnspacing=1.0)
     fig.tight_layout()
     return fig
 
@@ -62,25 +99,75 @@ def _figure_png(p: budget.BudgetPlan) -> str:
 
     fig = plot_budget(p)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=FIG_DPI)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def rank_model_spec(p: budget.BudgetPlan) -> budget.ModelSpec:
+    """The model as ONE tensor-parallel rank stores its KV: its share of heads.
+
+    vLLM runs the startup check on each worker's own KV spec, so under
+    tensor parallelism the needed bytes are one rank's.
+    """
+    m = budget.model_spec(p.model)
+    tp = p.tensor_parallel_size
+    return dataclasses.replace(
+        m, num_kv_heads=budget.kv_heads_per_rank(m, tp),
+        num_attention_heads=max(1, m.num_attention_heads // tp))
+
+
+def startup_error(p: budget.BudgetPlan) -> str | None:
+    """vLLM's startup-check message if one ``max_model_len`` request does not
+    fit the plan's pool (per rank), else ``None``."""
+    try:
+        budget.check_enough_kv_cache_memory(
+            p.pool_bytes, rank_model_spec(p), p.max_model_len,
+            p.block_size, p.dtype)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def settings_line(p: budget.BudgetPlan) -> str:
+    """The controls' values in one line (what the static page was drawn for)."""
+    return (f"{p.gpu} · {p.model} · KV {p.dtype} · "
+            f"tensor_parallel_size {p.tensor_parallel_size} · "
+            f"gpu_memory_utilization {fmt_fraction(p.gpu_memory_utilization)}"
+            f" · non-KV {p.non_kv_bytes / GiB:g} GiB · "
+            f"max_model_len {p.max_model_len:,} · block_size {p.block_size}"
+            f" · request {p.request_len:,} tokens")
+
+
+def _red(title: str, message: str) -> str:
+    return (f"<div style='color:#b00020;margin:4px 0'><b>{html.escape(title)}"
+            f"</b> {html.escape(message)}</div>")
+
+
 def plan_html(p: budget.BudgetPlan, with_figure: bool = True) -> str:
-    """A self-contained HTML rendering (table plus inline PNG figure): no scripts, no network."""
+    """A self-contained HTML rendering: the settings, the startup check's
+    verdict (red when ``max_model_len`` does not fit), the table and an inline
+    PNG figure. No scripts, no network."""
     rows = "".join(
         f"<tr><td style='padding:2px 12px 2px 0'>{html.escape(k)}</td>"
         f"<td style='text-align:right'><b>{html.escape(v)}</b></td></tr>"
         for k, v in p.rows()
     )
-    img = (f"<img alt='HBM budget' style='max-width:100%' src='data:image/png;base64,{_figure_png(p)}'/>"
+    error = startup_error(p)
+    verdict = (_red("vLLM would refuse to start:", error) if error else
+               "<div style='color:#1b7837;margin:4px 0'>startup check: one "
+               f"request of max_model_len={p.max_model_len:,} fits.</div>")
+    img = ("<img alt='HBM budget' style='max-width:100%' "
+           f"src='data:image/png;base64,{_figure_png(p)}'/>"
            if with_figure else "")
-    return f"<div class='pagedkv-budget'><table>{rows}</table>{img}</div>"
+    settings = (f"<div style='font-size:90%;color:#555'>"
+                f"{html.escape(settings_line(p))}</div>")
+    return (f"<div class='pagedkv-budget'>{settings}{verdict}"
+            f"<table>{rows}</table>{img}</div>")
 
 
 def plan_error_html(message: str) -> str:
-    return f"<div style='color:#b00020'><b>This configuration does not fit:</b> {html.escape(message)}</div>"
+    return _red("This configuration does not fit:", message)
 
 
 try:  # ipywidgets is optional: without it the static renderings above still work
@@ -101,46 +188,75 @@ if widgets is None:
 else:
 
     class BudgetCalculator(widgets.VBox):
-        """Controls in front of ``budget.plan``; the table and figure redraw on every change."""
+        """Controls in front of ``budget.plan``; the table and figure redraw on every change.
 
-        def __init__(self, gpu="H100 SXM 80GB", model="Llama-3-8B", dtype="bf16", gpu_memory_utilization=0.92,
-                     non_kv_gib=6.0, max_model_len=32_768, block_size=16, request_len=612, weight_gib=None):
+        Two columns of controls, each 340 px wide, fit the book's column; the
+        labels get 170 px so ``gpu_memory_utilization`` is not cut off.
+        """
+
+        def __init__(self, gpu="H100 SXM 80GB", model="Llama-3-8B", dtype="bf16",
+                     gpu_memory_utilization=0.92, non_kv_gib=6.0, max_model_len=32_768,
+                     block_size=16, request_len=612, weight_gib=None,
+                     tensor_parallel_size=1):
             self._weight_gib = weight_gib
-            style = {"description_width": "150px"}
-            self.gpu = widgets.Dropdown(options=list(budget.GPUS), value=gpu, description="GPU", style=style)
-            self.model = widgets.Dropdown(options=list(budget.MODELS), value=model, description="model", style=style)
-            self.dtype = widgets.Dropdown(options=["bf16", "fp16", "fp8", "fp32"], value=dtype,
-                                          description="KV dtype", style=style)
-            self.util = widgets.FloatSlider(value=gpu_memory_utilization, min=0.5, max=1.0, step=0.01,
-                                            description="gpu_memory_utilization", style=style)
+            style = {"description_width": "170px"}
+            layout = widgets.Layout(width="340px")
+            kw = {"style": style, "layout": layout}
+            self.gpu = widgets.Dropdown(options=list(budget.GPUS), value=gpu,
+                                        description="GPU", **kw)
+            self.model = widgets.Dropdown(options=list(budget.MODELS), value=model,
+                                          description="model", **kw)
+            self.dtype = widgets.Dropdown(options=["bf16", "fp16", "fp8", "fp32"],
+                                          value=dtype, description="KV dtype", **kw)
+            self.tp = widgets.Dropdown(
+                options=[1, 2, 4, 8], value=tensor_parallel_size,
+                description="tensor_parallel_size",
+                tooltip="GPUs the model is split across; figures are per GPU", **kw)
+            self.util = widgets.FloatSlider(
+                value=gpu_memory_utilization, min=0.5, max=1.0, step=0.01,
+                readout_format=".2f", description="gpu_memory_utilization",
+                tooltip="share of each GPU's total memory the engine may use", **kw)
             self.non_kv = widgets.FloatSlider(value=non_kv_gib, min=0.0, max=20.0, step=0.5,
-                                              description="non-KV GiB", style=style)
-            self.max_len = widgets.Dropdown(options=[2**k for k in range(11, 18)], value=max_model_len,
-                                            description="max_model_len", style=style)
-            self.block = widgets.Dropdown(options=[1, 8, 16, 32, 64, 128], value=block_size,
-                                          description="block_size", style=style)
+                                              description="non-KV GiB", **kw)
+            self.max_len = widgets.Dropdown(options=[2**k for k in range(11, 18)],
+                                            value=max_model_len,
+                                            description="max_model_len", **kw)
+            self.block = widgets.Dropdown(options=[1, 8, 16, 32, 64, 128],
+                                          value=block_size, description="block_size", **kw)
             self.req = widgets.IntSlider(value=request_len, min=1, max=32_768, step=1,
-                                         description="request length", style=style)
+                                         description="request length", **kw)
             self.out = widgets.HTML()
-            controls = [self.gpu, self.model, self.dtype, self.util, self.non_kv, self.max_len, self.block, self.req]
+            controls = [self.gpu, self.model, self.dtype, self.tp, self.util,
+                        self.non_kv, self.max_len, self.block, self.req]
             for c in controls:
                 c.observe(self._redraw, names="value")
-            super().__init__(children=[widgets.HBox([widgets.VBox(controls[:4]), widgets.VBox(controls[4:])]),
+            super().__init__(children=[widgets.HBox([widgets.VBox(controls[:5]),
+                                                     widgets.VBox(controls[5:])]),
                                        self.out])
             self._redraw()
 
         def current_plan(self) -> budget.BudgetPlan:
             weight = self._weight_gib if self.model.value == "Llama-3-8B" else None
-            return budget.plan(gpu=self.gpu.value, model=self.model.value, dtype=self.dtype.value,
-                               gpu_memory_utilization=self.util.value, non_kv_gib=self.non_kv.value,
-                               max_model_len=self.max_len.value, block_size=self.block.value,
-                               request_len=self.req.value, weight_gib=weight)
+            return budget.plan(gpu=self.gpu.value, model=self.model.value,
+                               dtype=self.dtype.value,
+                               gpu_memory_utilization=round(self.util.value, 4),
+                               non_kv_gib=self.non_kv.value,
+                               max_model_len=self.max_len.value,
+                               block_size=self.block.value,
+                               request_len=self.req.value, weight_gib=weight,
+                               tensor_parallel_size=self.tp.value)
 
         def static_html(self) -> str:
             try:
                 return plan_html(self.current_plan())
             except ValueError as exc:
-                return plan_error_html(str(exc))
+                settings = (f"{self.gpu.value} · {self.model.value} · KV "
+                            f"{self.dtype.value} · tensor_parallel_size "
+                            f"{self.tp.value} · gpu_memory_utilization "
+                            f"{fmt_fraction(self.util.value)}")
+                return (f"<div style='font-size:90%;color:#555'>"
+                        f"{html.escape(settings)}</div>"
+                        + plan_error_html(str(exc)))
 
         def _redraw(self, change=None) -> None:
             self.out.value = self.static_html()

@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import pytest
 
 from pagedkv import budget
-from pagedkv.calculator import BudgetCalculator, budget_parts, plan_html, plot_budget
+from pagedkv.calculator import (BudgetCalculator, budget_parts, fmt_fraction, plan_html,
+                                plot_budget, startup_error)
 
 needs_widgets = pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None,
                                    reason="the live calculator needs ipywidgets")
@@ -32,6 +33,58 @@ def test_figure_has_labelled_parts():
     assert labels[2] == "KV pool: 52.32 GiB" and fig.axes[0].get_xlabel() == "GiB of GPU memory"
 
 
+def _overlap(a, b):
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_figure_fits_the_column_and_nothing_overlaps():
+    fig = plot_budget(budget.plan(weight_gib=14.96, tensor_parallel_size=1))
+    assert fig.get_size_inches()[0] * 100 <= 688  # the inline backend draws at 100 dpi
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, xlabel, title = (ax.get_legend().get_window_extent(r), ax.xaxis.label.get_window_extent(r),
+                             ax.title.get_window_extent(r))
+    assert not _overlap(legend, xlabel) and not _overlap(legend, title)
+    assert not _overlap(legend, ax.get_window_extent(r))
+    fig_box = fig.bbox
+    for box in (legend, xlabel, title):
+        assert box.x0 >= 0 and box.x1 <= fig_box.x1 and box.y0 >= 0 and box.y1 <= fig_box.y1
+
+
+def test_numbers_are_formatted_for_people():
+    assert fmt_fraction(0.5 + 0.42) == "0.92" and fmt_fraction(0.9) == "0.9"
+    p = budget.plan(weight_gib=14.96, gpu_memory_utilization=0.5 + 0.42)
+    html = plan_html(p, with_figure=False)
+    assert "0.9199999" not in html and "gpu_memory_utilization 0.92" in html
+    assert "0.9199999" not in plot_budget(p).axes[0].get_title()
+
+
+def test_startup_check_is_applied_and_shown_in_red():
+    assert startup_error(budget.plan(weight_gib=14.96)) is None
+    ok = plan_html(budget.plan(weight_gib=14.96), with_figure=False)
+    assert "b00020" not in ok and "fits" in ok
+    # 4 GiB of pool: max_model_len 32768 (4 GiB) fits, 131072 does not.
+    small = budget.plan(model="Llama-3.1-8B", weight_gib=14.96, non_kv_gib=54.3, max_model_len=131_072)
+    msg = startup_error(small)
+    assert msg is not None and "(131072)" in msg and "16.00 GiB KV cache is needed" in msg
+    html = plan_html(small, with_figure=False)
+    assert "color:#b00020" in html and "vLLM would refuse to start" in html and "16.00 GiB" in html
+
+
+def test_tensor_parallel_plans_check_one_rank():
+    # Llama-3-70B: two H100s leave 1.57 GiB per rank, too little for 32,768 tokens
+    # at 160 KiB/token/rank (5 GiB); four leave 34.42 GiB at 80 KiB/token/rank.
+    two = budget.plan(model="Llama-3-70B", tensor_parallel_size=2)
+    assert "5.00 GiB KV cache is needed" in startup_error(two)
+    four = budget.plan(model="Llama-3-70B", tensor_parallel_size=4)
+    assert startup_error(four) is None
+    html = plan_html(four, with_figure=False)
+    assert "tensor_parallel_size 4" in html and "KV pool per GPU" in html and "34.42 GiB" in html
+    # Replicated heads (16 ranks, 8 KV heads) cost each rank one head's KV.
+    assert startup_error(budget.plan(gpu="H200", model="Llama-3-70B", tensor_parallel_size=16)) is None
+
+
 @needs_widgets
 def test_widget_redraws_on_change_and_offers_a_static_rendering():
     calc = BudgetCalculator(weight_gib=14.96)
@@ -47,3 +100,25 @@ def test_widget_redraws_on_change_and_offers_a_static_rendering():
 def test_a_configuration_that_does_not_fit_is_explained_not_raised():
     calc = BudgetCalculator(gpu="L4", model="Llama-3-70B")
     assert "does not fit" in calc.out.value and "no memory left for the KV cache" in calc.out.value
+    assert "L4 · Llama-3-70B" in calc.out.value
+
+
+@needs_widgets
+def test_widget_tensor_parallel_control_makes_70b_fit():
+    calc = BudgetCalculator(model="Llama-3-70B")
+    assert "no memory left for the KV cache" in calc.out.value
+    calc.tp.value = 2
+    assert "vLLM would refuse to start" in calc.out.value
+    calc.tp.value = 4
+    assert "b00020" not in calc.out.value and "34.42 GiB" in calc.out.value
+    calc.tp.value = 8
+    assert "tensor_parallel_size 8" in calc._repr_mimebundle_()["text/html"]
+
+
+@needs_widgets
+def test_widget_labels_are_not_cut_off_and_values_are_rounded():
+    calc = BudgetCalculator(weight_gib=14.96)
+    assert calc.util.description == "gpu_memory_utilization"
+    assert int(calc.util.style.description_width.rstrip("px")) >= 170
+    calc.util.value = 0.5 + 0.42
+    assert "0.9199999" not in calc.out.value
