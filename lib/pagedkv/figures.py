@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["block_table_figure", "pool_snapshot", "pool_history_figure"]
+__all__ = ["allocation_layout", "block_table_figure", "pool_history_figure",
+           "pool_snapshot"]
 
 _EMPTY = "#eeeeee"
 
@@ -118,3 +119,49 @@ def pool_history_figure(history: Sequence[tuple[str, Mapping]],
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+_RANGES = (("c", "comp", "computed before this step"),
+           ("h", "new_comp", "prefix-cache hit: touched, not computed"),
+           ("n", "new", "computed this step"),
+           ("l", "lookahead", "slots past this step, never cached"))
+
+
+def allocation_layout(comp: int, new_comp: int, new: int, lookahead: int,
+                      block_size: int) -> str:
+    """``allocate_slots``' token ranges as text, block by block.
+
+    The ranges are vLLM's (``comp | new_comp | new | lookahead``, in that
+    order from position 0). Each block is drawn as 8 characters (one per
+    ``block_size // 8`` tokens, or one per token for blocks under 8 tokens);
+    a character shows the range of the last token it covers, ``.`` marks
+    slots past the last token, and ``|`` ends a block. A legend and the
+    block count follow.
+    """
+    sizes = (comp, new_comp, new, lookahead)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0
+           for n in sizes) or sum(sizes) == 0:
+        raise ValueError(f"token counts must be ints >= 0, not all 0: {sizes}")
+    total = sum(sizes)
+    num_blocks = -(-total // block_size)
+    per_char = max(1, block_size // 8)
+    bounds = np.cumsum(sizes)
+
+    def letter(first: int) -> str:
+        if first >= total:
+            return "."
+        last = min(first + per_char, total) - 1
+        return _RANGES[int(np.searchsorted(bounds, last, side="right"))][0]
+
+    cells = [["".join(letter(b * block_size + i)
+                      for i in range(0, block_size, per_char))]
+             for b in range(num_blocks)]
+    bar = "".join(c[0] + "|" for c in cells)
+    width = len(bar) // num_blocks
+    header = "".join(f"{b:<{width}}" for b in range(num_blocks)).rstrip()
+    lines = [f"block   {header}", f"tokens  {bar}"]
+    lines += [f"  {key} {name:<10}{n:>6}  {what}"
+              for (key, name, what), n in zip(_RANGES, sizes)]
+    lines.append(f"  (one character = {per_char} token{'s' * (per_char > 1)};"
+                 f" {total} tokens -> {num_blocks} blocks of {block_size})")
+    return "\n".join(lines)

@@ -57,3 +57,18 @@ def test_pool_history_figure_labels_states():
     assert _texts(fig) == ["[10]\na | -", "free", "[10]\n- | t", "free"]
     ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert ticks == ["one", "two"]
+
+
+def test_allocation_layout_draws_ranges_block_by_block():
+    from pagedkv.figures import allocation_layout
+
+    text = allocation_layout(0, 32, 40, 4, 16)
+    lines = text.splitlines()
+    assert lines[1] == "tokens  hhhhhhhh|hhhhhhhh|nnnnnnnn|nnnnnnnn|nnnnll..|"
+    assert "76 tokens -> 5 blocks of 16" in lines[-1]
+    tiny = allocation_layout(0, 0, 5, 0, 4).splitlines()[1]
+    assert tiny == "tokens  nnnn|n...|"
+    import pytest
+
+    with pytest.raises(ValueError):
+        allocation_layout(0, 0, 0, 0, 16)
