@@ -570,3 +570,95 @@ def test_check_names_a_broken_invariant():
     p._num_free += 1
     with pytest.raises(AssertionError, match="exactly one request|held-block|parts sum"):
         p.check()
+
+
+# --- plotting helpers (chapter 2's figures and explorer) --------------------
+
+import importlib.util  # noqa: E402
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLUMN_PX = 688  # the book's column at a 1280-px window; figures draw at 100 dpi
+
+
+def _small_results(block_size=16):
+    trace = fr.make_trace("heavy-tailed", 60, arrival_rate=5, seed=1)
+    return fr.run_all(trace, 40_000, 32_768, block_size=block_size, steps=40)
+
+
+def test_run_all_runs_every_kind_on_the_same_pool():
+    results = _small_results()
+    assert [r.allocator for r in results] == [
+        fr.make_allocator(k, 40_000, 32_768).name for k in fr.ALLOCATOR_KINDS]
+    assert all(r.capacity == 40_000 and r.steps == 40 for r in results)
+    assert any(r.finished or r.running.max() for r in results)
+
+
+def test_composition_figure_is_a_grid_that_fits_the_column():
+    results = _small_results()
+    fig = fr.plot_composition(results, "t")
+    try:
+        assert fig.get_size_inches()[0] * 100 <= COLUMN_PX
+        panels = [ax for ax in fig.axes if ax.axison]
+        assert [ax.get_title() for ax in panels] == [r.allocator for r in results]
+        rows = {round(ax.get_position().y0, 3) for ax in panels}
+        assert len(rows) == 2  # five panels in two rows, not one wide strip
+        legend = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        texts = [t.get_text() for t in legend[0].get_texts()]
+        assert set(texts) == set(fr.PART_LABELS.values())
+    finally:
+        plt.close(fig)
+
+
+def test_other_figures_fit_the_column():
+    results = _small_results()
+    trace = fr.make_trace("chat", 50, seed=0)
+    figs = [fr.plot_tail_residues({"chat": trace}, 16),
+            fr.plot_concurrency(results, {"w": [1, 2, 3, 4, 5]}, [(13, "13")]),
+            fr.plot_block_size_sweep([1, 16], [0, 1], [0, 2], [0, 1])]
+    fig, ax = plt.subplots(figsize=(6.8, 1.5))
+    ff = fr.VariableExtentAllocator(100, 100)
+    ff.admit("a", 30)
+    fr.draw_extents(ff, ax, "t")
+    assert [t.get_text() for t in ax.texts] == ["a: 30", "hole 70"]
+    figs.append(fig)
+    for f in figs:
+        assert f.get_size_inches()[0] * 100 <= COLUMN_PX
+        plt.close(f)
+
+
+def test_composition_table_is_narrow_and_names_every_allocator():
+    results = _small_results()
+    text = fr.composition_table(results)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 79 and len(lines) == 1 + len(results)
+    for r, line in zip(results, lines[1:]):
+        assert line.startswith(r.allocator)
+        f = r.mean_fractions()
+        assert f"{100 * f['live']:6.1f}" in line and line.rstrip().endswith(str(r.preemptions))
+
+
+def test_steady_running_is_the_mean_of_the_second_half():
+    r = _small_results()[3]
+    assert fr.steady_running(r) == pytest.approx(r.running[20:].mean())
+
+
+def test_composition_html_is_static():
+    html = fr.composition_html(_small_results(), "a <title>")
+    assert "data:image/png;base64," in html and "<script" not in html and "http" not in html
+    assert "a &lt;title&gt;" in html and "variable-extent first-fit" in html
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None, reason="needs ipywidgets")
+def test_explorer_reruns_on_change_and_offers_a_static_rendering():
+    ex = fr.FragmentationExplorer(40_000, 32_768, num_requests=40, steps=20)
+    first = ex.view.value
+    assert "heavy-tailed, block_size 16" in first
+    ex.block.value = 64
+    assert "block_size 64" in ex.view.value and ex.view.value != first
+    bundle = ex._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert data["text/html"] == ex.view.value
