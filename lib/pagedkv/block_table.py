@@ -127,7 +127,9 @@ class BlockTable:
 
         As in vLLM 0.33.0, the vacated row ``src`` is cleared (zeros, length 0):
         a stale row must not keep naming blocks that may be freed and handed to
-        another request. ``src == tgt`` is refused: vLLM would clear the row it
+        another request (vLLM's padded dummy batches read rows past
+        ``num_reqs``, and Mamba-style state is even written through them), so
+        no ``clear_row(src)`` is needed after a move. ``src == tgt`` is refused: vLLM would clear the row it
         just moved, and a batch never compacts a row onto itself.
         """
         s, t = self._row(src, "src"), self._row(tgt, "tgt")
@@ -177,6 +179,13 @@ class BlockTable:
         position must fall inside its row's committed blocks: a position past
         them would read a stale or zero cell and write K/V into someone else's
         block, so it is an IndexError here, before the kernel runs.
+
+        The split is per token: each token brings its row in ``req_indices``.
+        vLLM 0.33.0's ``BlockTable.compute_slot_mapping`` takes
+        ``query_start_loc`` instead, runs one program per request over its
+        token range, and has one extra program fill the rest of its
+        fixed-size buffer with ``PAD_SLOT_ID`` (-1); padding by row ``-1`` is
+        this library's convention. Both give the same slots.
         """
         # Imported here, not at the top: the table itself needs no Triton, and
         # `import pagedkv.block_table` stays cheap on machines without it.

@@ -36,13 +36,22 @@ The copy protocol, explicitly:
    references. Until then neither end can be recycled, even if the request is
    freed in the meantime (a cancelled request cannot revoke an issued copy).
 
+Steps 2 and 3 are this library's protocol, not vLLM's. vLLM 0.33.0's
+scheduler drains the pairs with ``take_kv_cache_block_copies()``, which also
+returns the retained endpoints, ships the pairs in ``SchedulerOutput`` and
+releases the endpoints itself once the step that runs them is processed
+(behind a step fence when it defers frees); there is no acknowledgement call.
+
 Prefix-cache entries
 --------------------
 Full-block entries live in the block pool (``cache_full_blocks``): a block is
 cached as soon as the step that fills it is scheduled, as vLLM does. Partial
 entries (a prefix ending inside a block, at a multiple of ``hash_block_size``)
 live here, in ``partial_hash_to_block``, because the pool keeps one hash per
-block. A partial entry names a prefix whose KV is already *computed* (it is
+block, and every such boundary of a computed block gets one. vLLM 0.33.0
+differs on both counts: its block pool holds partial entries as extra keys
+owned by the block (``BlockPool.cache_partial_block``), and a request records
+only one, at the prompt's last hash boundary when that ends inside a block. A partial entry names a prefix whose KV is already *computed* (it is
 recorded from ``request.num_computed_tokens``, which the scheduler advances
 after each step): a copy reads its source before the forward pass, so the
 source's valid slots must already hold real KV. Slots once written are never

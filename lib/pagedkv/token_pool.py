@@ -10,7 +10,10 @@ levels:
   row 0, so their reads and writes land somewhere harmless.
 - ``TokenToKVPoolAllocator`` hands out those slots one token at a time from a
   free list kept as a tensor (allocation is a slice, freeing a concatenation).
-  Slot 0 is reserved: padded tokens write their dummy K/V there.
+  Slot 0 is reserved: padded tokens write their dummy K/V there. SGLang can
+  also park frees in a second tensor and, when an allocation finds the free
+  list short, ``merge_and_sort_free`` them back in address order; ours frees
+  straight to the tail and never sorts, so reuse follows the order of frees.
 - ``PagedTokenToKVPoolAllocator`` hands them out a page at a time but still
   returns one slot per token, so ``req_to_token`` stays token-level. A prefill
   that extends a prefix must then (1) fill the rest of the prefix's partial
