@@ -1,5 +1,6 @@
 """The chapter 1 checkers: right answers pass, each kind of wrong answer fails the right property."""
 
+import math
 import signal
 import sys
 import time
@@ -34,7 +35,8 @@ def test_correct_solutions_pass_every_property(capsys):
 def test_forgetting_v_fails_every_kv_property():
     report = checks.check_kv_bytes_per_token(lambda l, h, d, b: l * h * d * b)
     assert verdicts(report) == [False, False, False]
-    assert "expected 131072, got 65536" in report.results[0].detail
+    assert "expected 131,072, got 65,536" in report.results[0].detail
+    assert all("Diagnosis: K only" in r.detail for r in report.results)
 
 
 def test_a_hard_coded_answer_passes_the_known_case_only():
@@ -49,7 +51,8 @@ def test_rounding_the_total_fails_the_rounding_property():
 
     report = checks.check_kv_pool_blocks(rounds_total)
     assert report.results[0].passed is False  # 81,559 MiB rounded to 79.65 GiB gives 26,786
-    assert "expected 26785, got 26786" in report.results[0].detail
+    assert "expected 26,785, got 26,786" in report.results[0].detail
+    assert "Diagnosis: rounded total" in report.results[0].detail
 
 
 def test_one_floor_division_instead_of_two_is_caught():
@@ -74,12 +77,59 @@ def test_crashes_and_wrong_types_become_red_lines_not_exceptions():
     assert not report
 
 
-def test_stub_says_not_implemented():
+def test_stub_says_not_implemented_in_exactly_one_line(capsys):
     def stub(*args):
         raise NotImplementedError
 
-    report = checks.check_kv_bytes_per_token(stub)
-    assert all("not implemented yet" in r.detail for r in report.results)
+    for check in (checks.check_kv_bytes_per_token, checks.check_kv_pool_blocks):
+        report = check(stub)
+        assert not report and report.stub and len(report.results) == 1
+        out = capsys.readouterr().out
+        assert out.count("\n") == 1 and "not implemented yet" in out and "Hint" not in out
+        assert str(report) == out.strip()
+
+
+def pool_with(pool_fn=None, div=None):
+    def fn(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
+        pool = (pool_fn or (lambda T, u, w, n: T * 2**20 * u - (w + n) * 2**30))(
+            total_mib, util, weight_gib, non_kv_gib)
+        page = block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes
+        if div:
+            return div(pool / page / model.num_layers)
+        return int(pool // page) // model.num_layers
+    return fn
+
+
+@pytest.mark.parametrize("fn, got, name", [
+    (pool_with(lambda T, u, w, n: (T * 2**20 - (w + n) * 2**30) * u), "27,644",
+     "utilization applied after subtracting"),
+    (pool_with(div=math.ceil), "26,786", "a ceil where a floor belongs"),
+    (pool_with(div=round), "26,786", "rounded to the nearest block"),
+    (pool_with(lambda T, u, w, n: T * 1e6 * u - (w + n) * 1e9), None, "decimal units"),
+    (pool_with(lambda T, u, w, n: T * 2**20 * u - w * 2**30), None, "non-KV memory not subtracted"),
+])
+def test_each_pool_mistake_is_named(fn, got, name):
+    report = checks.check_kv_pool_blocks(fn, cases=20)
+    assert not report.results[0].passed
+    if got:
+        assert f"got {got}" in report.results[0].detail
+    assert f"Diagnosis: {name}" in report.results[0].detail
+
+
+@pytest.mark.parametrize("fn, name", [
+    (lambda L, H, D, b: 2 * L * H * D, "bytes per element forgotten"),
+    (lambda L, H, D, b: 2 * H * D * b, "one layer"),
+    (lambda L, H, D, b: 16 * L * H * D * b, "bits, not bytes"),
+    (lambda L, H, D, b: 4 * L * H * D, "dtype ignored"),
+])
+def test_each_kv_mistake_is_named(fn, name):
+    report = checks.check_kv_bytes_per_token(fn, cases=20)
+    assert f"Diagnosis: {name}" in [r for r in report.results if not r.passed][0].detail
+
+
+def test_a_wrong_answer_no_mistake_explains_gets_the_generic_hint():
+    report = checks.check_kv_bytes_per_token(lambda L, H, D, b: 2 * L * H * D * b + 1, cases=5)
+    assert "Hint: count K and V" in report.results[0].detail and "Diagnosis" not in report.results[0].detail
 
 
 def test_a_hang_becomes_a_timeout_line():

@@ -90,10 +90,21 @@ def test_the_solution_and_the_library_pass_every_property(capsys):
     assert checks.check_free_block_queue(FreeKVCacheBlockQueue)
 
 
-def test_the_stub_is_not_implemented_everywhere_but_construction():
+def test_the_stub_prints_one_line(capsys):
     report = checks.check_free_block_queue(StubQueue)
-    assert verdicts(report) == [True] + [False] * 7
-    assert all("not implemented yet" in r.detail for r in report.results[1:])
+    assert report.stub and len(report.results) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "not implemented yet" in out
+
+
+def test_a_partly_written_queue_says_which_operations_are_stubs_without_hints():
+    class Half(SolutionQueue):
+        append_n = StubQueue.append_n
+        prepend_n = StubQueue.prepend_n
+
+    report = checks.check_free_block_queue(Half)
+    assert verdicts(report)[:4] == [True] * 4 and not report.stub
+    assert report.results[4].detail.endswith("NotImplementedError)")  # no hint for a stub
 
 
 def test_prepending_one_at_a_time_reverses_the_batch():
@@ -105,6 +116,16 @@ def test_prepending_one_at_a_time_reverses_the_batch():
     report = checks.check_free_block_queue(Reversed)
     assert verdicts(report) == [True, True, True, True, True, False, True, False]
     assert "expected [2, 0, 4, 5, 6]" in report.results[5].detail
+    assert "Diagnosis: reversed batch" in report.results[5].detail
+    assert "Diagnosis: reversed batch" in report.results[7].detail
+
+
+def test_append_n_at_the_head_is_named():
+    class WrongEnd(SolutionQueue):
+        append_n = SolutionQueue.prepend_n
+
+    report = checks.check_free_block_queue(WrongEnd)
+    assert "Diagnosis: linked at the wrong end" in report.results[4].detail
 
 
 def test_remove_that_leaves_the_block_linked_is_caught():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -40,6 +41,7 @@ def test_ch04_int32_arithmetic_fails_dtype_and_overflow_only():
     report = checks.check_slot_mapping_numpy(int32_slots)
     assert verdicts(report) == [True, False, True, False, True, True]
     assert "expected dtype int64, got int32" in report.results[1].detail
+    assert "Diagnosis: int32 wrap" in report.results[3].detail
 
 
 def test_ch04_forgetting_padding_fails_padding_and_random():
@@ -50,6 +52,34 @@ def test_ch04_forgetting_padding_fails_padding_and_random():
     report = checks.check_slot_mapping_numpy(no_padding)
     assert verdicts(report) == [True, True, False, True, False, True]
     assert "expected slot -1" in report.results[2].detail
+    assert "Diagnosis: padding looked up in row -1" in report.results[2].detail
+
+
+def test_ch04_a_wrong_ordinary_token_is_not_reported_under_padding():
+    def ceil_column(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        cols = np.minimum(-(-positions // block_size), block_table.shape[1] - 1)
+        blocks = block_table[np.where(real, req_indices, 0), cols].astype(np.int64)
+        return np.where(real, blocks * block_size + positions % block_size, -1)
+
+    report = checks.check_slot_mapping_numpy(ceil_column)
+    assert verdicts(report)[2] is True  # padding tokens are right: the padding property holds
+    assert verdicts(report)[4] is False
+
+
+@pytest.mark.parametrize("slot, name", [
+    (lambda b, p, B: b * B, "offset forgotten"),
+    (lambda b, p, B: b + p % B, "block id not scaled"),
+])
+def test_ch04_slot_formula_mistakes_are_named(slot, name):
+    def fn(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        blocks = block_table[np.where(real, req_indices, 0), positions // block_size].astype(np.int64)
+        return np.where(real, slot(blocks, positions, block_size), -1).astype(np.int64)
+
+    report = checks.check_slot_mapping_numpy(fn)
+    failed = [r for r in report.results if not r.passed]
+    assert failed and all(f"Diagnosis: {name}" in r.detail for r in failed)
 
 
 def test_ch04_mutating_the_input_is_caught():
@@ -69,7 +99,8 @@ def test_ch04_stub_crash_and_wrong_type_are_red_lines():
         raise NotImplementedError
 
     report = checks.check_slot_mapping_numpy(stub)
-    assert not report and all("not implemented yet" in r.detail for r in report.results)
+    assert not report and report.stub and len(report.results) == 1
+    assert "not implemented yet" in report.results[0].detail
     report = checks.check_slot_mapping_numpy(lambda t, r, p, b: [0] * len(r))
     assert verdicts(report)[1] is False and "expected a numpy array, got list" in report.results[1].detail
     report = checks.check_slot_mapping_numpy(lambda t, r, p, b: t[r + 10])
@@ -81,13 +112,14 @@ def test_ch04_stub_crash_and_wrong_type_are_red_lines():
 
 @triton.jit
 def _slots_kernel(table_ptr, row_stride, req_ptr, pos_ptr, out_ptr, n, block_size,
-                  TILE: tl.constexpr, WIDEN: tl.constexpr, HANDLE_PADDING: tl.constexpr):
+                  TILE: tl.constexpr, WIDEN: tl.constexpr, HANDLE_PADDING: tl.constexpr,
+                  MASK_LOAD: tl.constexpr):
     offs = tl.program_id(0) * TILE + tl.arange(0, TILE)
     in_range = offs < n
     req = tl.load(req_ptr + offs, mask=in_range, other=-1)
     pos = tl.load(pos_ptr + offs, mask=in_range, other=0)
     is_real = req >= 0
-    if HANDLE_PADDING:
+    if HANDLE_PADDING and MASK_LOAD:
         load_mask = in_range & is_real
     else:
         load_mask = in_range
@@ -100,13 +132,13 @@ def _slots_kernel(table_ptr, row_stride, req_ptr, pos_ptr, out_ptr, n, block_siz
     tl.store(out_ptr + offs, slot, mask=in_range)
 
 
-def make_slots_fn(widen=True, handle_padding=True, tile=64, one_program=False):
+def make_slots_fn(widen=True, handle_padding=True, tile=64, one_program=False, mask_load=True):
     def fn(block_table, req_indices, positions, block_size):
         n = req_indices.numel()
         out = torch.empty(n, dtype=torch.int64, device=block_table.device)
         grid = (1,) if one_program else (triton.cdiv(n, tile),)
         _slots_kernel[grid](block_table, block_table.stride(0), req_indices, positions, out, n, block_size,
-                            TILE=tile, WIDEN=widen, HANDLE_PADDING=handle_padding)
+                            TILE=tile, WIDEN=widen, HANDLE_PADDING=handle_padding, MASK_LOAD=mask_load)
         return out
 
     return fn
@@ -139,12 +171,41 @@ def make_kv_fn(skip_padding=True, shift=0):
 def test_ch05_slot_kernel_solution_passes(capsys):
     assert checks.check_slot_mapping_kernel(make_slots_fn())
     out = capsys.readouterr().out
-    assert "\u274c" not in out and out.count("\u2705") == 6
+    assert "\u274c" not in out and out.count("\u2705") == 7
 
 
 def test_ch05_int32_multiply_fails_only_the_overflow_property():
     report = checks.check_slot_mapping_kernel(make_slots_fn(widen=False))
-    assert verdicts(report) == [True, True, True, True, False, True]
+    assert verdicts(report) == [True, True, True, True, False, True, True]
+    assert "Diagnosis: int32 wrap" in report.results[4].detail
+
+
+def test_ch05_an_unmasked_table_load_is_caught_although_its_value_is_discarded():
+    report = checks.check_slot_mapping_kernel(make_slots_fn(mask_load=False))
+    assert verdicts(report) == [True, True, False, True, True, True, True]
+    assert "loaded 3 value(s) from outside the block table" in report.results[2].detail
+    assert "Diagnosis: padding tokens read the table" in report.results[2].detail
+
+
+def test_ch05_plain_torch_answers_fail_the_launch_property():
+    def torch_slots(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        rows = torch.where(real, req_indices, 0)
+        blocks = block_table[rows, positions // block_size].long()
+        return torch.where(real, blocks * block_size + positions % block_size, -1)
+
+    report = checks.check_slot_mapping_kernel(torch_slots)
+    assert verdicts(report) == [True] * 6 + [False]
+    assert "Diagnosis: no kernel" in report.results[6].detail
+
+    def torch_kv(key, value, key_cache, value_cache, slot_mapping):
+        real = slot_mapping >= 0
+        key_cache.view(-1, *key.shape[1:])[slot_mapping[real]] = key[real]
+        value_cache.view(-1, *value.shape[1:])[slot_mapping[real]] = value[real]
+
+    report = checks.check_kv_write_kernel(torch_kv)
+    assert verdicts(report) == [True] * 6 + [False]
+    assert "ran no Triton kernel" in report.results[6].detail
 
 
 def test_ch05_no_padding_handling_is_caught_without_a_crash():
@@ -165,7 +226,7 @@ def test_ch05_slot_kernel_hang_and_wrong_type_are_red_lines():
             pass
 
     report = checks.check_slot_mapping_kernel(hangs, timeout=0.2)
-    assert not report and all("no answer within" in r.detail for r in report.results)
+    assert not report and all("no answer within" in r.detail for r in report.results[:-1])
     report = checks.check_slot_mapping_kernel(lambda t, r, p, b: r.tolist())
     assert not report and "expected a torch.Tensor, got list" in report.results[0].detail
 
@@ -173,19 +234,21 @@ def test_ch05_slot_kernel_hang_and_wrong_type_are_red_lines():
 def test_ch05_kv_kernel_solution_passes(capsys):
     assert checks.check_kv_write_kernel(make_kv_fn())
     out = capsys.readouterr().out
-    assert "\u274c" not in out and out.count("\u2705") == 6
+    assert "\u274c" not in out and out.count("\u2705") == 7
 
 
 def test_ch05_kv_kernel_writing_padding_hits_the_guard():
     report = checks.check_kv_write_kernel(make_kv_fn(skip_padding=False))
     assert verdicts(report)[1] is False
     assert "wrote before key_cache's memory" in report.results[1].detail
+    assert "Diagnosis: padding written" in report.results[1].detail
 
 
 def test_ch05_kv_kernel_off_by_one_slot_fails_every_write_property():
     report = checks.check_kv_write_kernel(make_kv_fn(shift=1))
-    assert verdicts(report) == [False, True, False, False, False, False]
-    assert "should hold token" in report.results[0].detail or "changed" in report.results[0].detail
+    assert verdicts(report) == [False, True, False, False, False, False, True]
+    assert "should hold token" in report.results[0].detail
+    assert "Diagnosis: off by one slot" in report.results[0].detail
 
 
 def test_ch05_kv_stub_is_not_implemented():
@@ -193,4 +256,7 @@ def test_ch05_kv_stub_is_not_implemented():
         raise NotImplementedError
 
     report = checks.check_kv_write_kernel(stub)
-    assert not report and all("not implemented yet" in r.detail for r in report.results)
+    assert not report and len(report.results) == 1 and report.stub
+    assert "not implemented yet" in report.results[0].detail
+    report = checks.check_slot_mapping_kernel(stub)
+    assert not report and len(report.results) == 1 and report.stub

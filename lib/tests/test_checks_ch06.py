@@ -23,7 +23,7 @@ def verdicts(report):
 def test_the_solution_passes_every_property(capsys):
     assert checks.check_copy_on_write(cow_ok)
     out = capsys.readouterr().out
-    assert "\u274c" not in out and out.count("\u2705") == 5
+    assert "\u274c" not in out and out.count("\u2705") == 6
 
 
 def test_forgetting_to_copy_the_tokens_fails_the_reads():
@@ -36,8 +36,9 @@ def test_forgetting_to_copy_the_tokens_fails_the_reads():
         return new
 
     report = checks.check_copy_on_write(no_copy)
-    assert verdicts(report) == [False, False, False, True, False]
+    assert verdicts(report) == [False, False, False, False, True, False]
     assert "read('b') after b appends: expected [10, 20], got [20]" in report.results[0].detail
+    assert "Diagnosis: tokens not copied" in report.results[0].detail
 
 
 def test_keeping_the_old_owner_reference_fails_check():
@@ -51,7 +52,8 @@ def test_keeping_the_old_owner_reference_fails_check():
 
     report = checks.check_copy_on_write(keeps_owner)
     assert not report.results[0].passed and "every owner entry has a table entry" in report.results[0].detail
-    assert not report.results[4].passed
+    assert "Diagnosis: the old owner reference kept" in report.results[0].detail
+    assert not report.results[5].passed
 
 
 def test_changing_state_before_allocating_fails_out_of_memory():
@@ -66,13 +68,31 @@ def test_changing_state_before_allocating_fails_out_of_memory():
         return new
 
     report = checks.check_copy_on_write(late_allocation)
-    assert verdicts(report)[:4] == [True, True, True, False]
-    assert "the pool changed" in report.results[3].detail
+    assert verdicts(report)[:5] == [True, True, True, True, False]
+    assert "the pool changed" in report.results[4].detail
+    assert "Diagnosis: state changed before allocating" in report.results[4].detail
 
 
 def test_writing_in_place_is_caught():
     report = checks.check_copy_on_write(lambda pool, rid: pool.tables[rid][-1])
-    assert verdicts(report) == [False, False, False, False, False]
+    assert verdicts(report) == [False] * 6
+    assert all("Diagnosis: written in place" in r.detail for r in report.results)
+
+
+def test_copying_the_first_page_fails_the_three_page_case_by_name():
+    def first_page(pool, request_id):
+        table = pool.tables[request_id]
+        old, new = table[0], pool.allocate_page()
+        pool.pages[new].extend(pool.pages[old])
+        table[0] = new
+        pool.owners[new].add(request_id)
+        pool.drop_owner(old, request_id)
+        return new
+
+    report = checks.check_copy_on_write(first_page)
+    assert verdicts(report) == [True, False, True, True, True, False]
+    assert "page 0 was copied, but the partial page is the tail, 2" in report.results[1].detail
+    assert "Diagnosis: the wrong page copied" in report.results[1].detail
 
 
 def test_wrong_return_type_fails_only_that_property():
@@ -80,13 +100,13 @@ def test_wrong_return_type_fails_only_that_property():
         cow_ok(pool, request_id)
 
     report = checks.check_copy_on_write(returns_nothing)
-    assert verdicts(report) == [True, False, True, True, True]
-    assert "expected an integer, got NoneType" in report.results[1].detail
+    assert verdicts(report) == [True, True, False, True, True, True]
+    assert "expected an integer, got NoneType" in report.results[2].detail
 
 
 def test_a_crash_and_a_hang_become_red_lines():
     report = checks.check_copy_on_write(lambda pool, rid: 1 / 0)
-    assert verdicts(report) == [False] * 5
+    assert verdicts(report) == [False] * 6
     assert "ZeroDivisionError" in report.results[0].detail
 
     def hangs(pool, request_id):
@@ -95,6 +115,15 @@ def test_a_crash_and_a_hang_become_red_lines():
 
     start = time.monotonic()
     report = checks.check_copy_on_write(hangs, timeout=0.3)
-    assert verdicts(report) == [False] * 5
+    assert verdicts(report) == [False] * 6
     assert "no answer within" in report.results[0].detail
     assert time.monotonic() - start < 10
+
+
+def test_the_stub_prints_one_line(capsys):
+    def stub(pool, request_id):
+        raise NotImplementedError
+
+    report = checks.check_copy_on_write(stub)
+    assert report.stub and len(report.results) == 1
+    assert capsys.readouterr().out.count("\n") == 1

@@ -13,3 +13,6 @@ from .ch04_block_table import *  # noqa: F401,F403
 from .ch05_slot_mapping import *  # noqa: F401,F403
 from .ch06_copy_on_write import *  # noqa: F401,F403
 from .ch07_paged_attention import *  # noqa: F401,F403
+from .ch03_pool_decisions import *  # noqa: F401,F403
+from .ch06_manager_decisions import *  # noqa: F401,F403
+from .ch08_serving_engine import *  # noqa: F401,F403

@@ -5,16 +5,28 @@ the library's implementation and with an independent oracle. It must survive
 the learner's bugs: an exception, a wrong type or shape, or a hang becomes a
 red line with a hint, never a crashed notebook. Each property prints exactly
 one line, so a committed notebook shows a stable, readable verdict.
+
+Hints teach only where there is something to learn from:
+
+* An untouched stub gets one line. A checker calls ``probe(body)`` first;
+  when ``body`` raises ``NotImplementedError`` the checker prints
+  ``not implemented yet`` once and stops. A property that meets a
+  ``NotImplementedError`` later (one method of several still a stub) says
+  so without a hint.
+* A wrong answer that a known mistake explains is named: a property raises
+  ``WrongAnswer(message, mistake=...)`` (usually through ``name_mistake``),
+  and the line shows that diagnosis instead of the property's generic hint.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 PASS, FAIL = "\u2705", "\u274c"  # the two marks a reader scans for
 
@@ -25,6 +37,18 @@ class CheckTimeout(BaseException):
     A ``BaseException``, like ``KeyboardInterrupt``: a learner's ``except
     Exception`` (a retry loop, say) must not swallow it.
     """
+
+
+class WrongAnswer(AssertionError):
+    """A wrong answer, with the common mistake it points to (or ``None``)."""
+
+    def __init__(self, message: str, mistake: str | None = None):
+        super().__init__(message)
+        self.mistake = mistake
+
+
+class _Stub(BaseException):
+    """Raised by ``Checker.probe`` on an untouched stub; ends the ``with``."""
 
 
 @dataclass
@@ -44,6 +68,8 @@ class CheckReport:
 
     title: str
     results: list[PropertyResult] = field(default_factory=list)
+    #: True when the checker stopped at an untouched stub (one line shown).
+    stub: bool = False
 
     @property
     def passed(self) -> bool:
@@ -53,10 +79,14 @@ class CheckReport:
         return self.passed
 
     def summary(self) -> str:
+        if self.stub:
+            return f"{self.title}: not implemented yet"
         n_ok = sum(r.passed for r in self.results)
         return f"{self.title}: {n_ok}/{len(self.results)} properties hold"
 
     def __str__(self) -> str:
+        if self.stub:
+            return f"{FAIL} {self.title}: {NOT_IMPLEMENTED}"
         return "\n".join([*(r.line() for r in self.results), self.summary()])
 
     def __repr__(self) -> str:
@@ -147,9 +177,12 @@ class _time_limit:
         return False
 
 
+NOT_IMPLEMENTED = "not implemented yet (the stub still raises NotImplementedError)"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, NotImplementedError):
-        return "not implemented yet (the stub still raises NotImplementedError)"
+        return NOT_IMPLEMENTED
     if isinstance(exc, CheckTimeout):
         return str(exc)
     if isinstance(exc, AssertionError):
@@ -177,19 +210,55 @@ class Checker:
     def __enter__(self) -> "Checker":
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is _Stub:  # the stub: its one line is already printed
+            return True
         if self.verbose:
             print(self.report.summary())
         return False  # checker bugs propagate; learner bugs never reach here
 
-    def prop(self, name: str, body: Callable[[], None], hint: str = "") -> bool:
+    def probe(self, body: Callable[[], None]) -> None:
+        """Run ``body`` once; on ``NotImplementedError`` report the stub and stop.
+
+        Use it first, inside the ``with``: an untouched stub then prints one
+        line, ``not implemented yet``, instead of every property's hint.
+        Anything else ``body`` does (a crash, a wrong answer, a hang) is left
+        for the properties to report.
+        """
+        try:
+            with _time_limit(self.timeout):
+                body()
+        except NotImplementedError:
+            result = PropertyResult(self.report.title, False, NOT_IMPLEMENTED)
+            self.report.results.append(result)
+            self.report.stub = True
+            if self.verbose:
+                print(f"{FAIL} {self.report.title}: {NOT_IMPLEMENTED}")
+            raise _Stub from None
+        except (Exception, CheckTimeout):  # noqa: BLE001 -- the properties will say what
+            pass
+
+    def prop(self, name: str, body: Callable[[], None], hint: str = "",
+             diagnose: Callable[[], str | None] | None = None) -> bool:
+        """Run one property; ``diagnose()`` names the mistake behind a failure
+        that does not name one itself (a crash, a plain ``AssertionError``)."""
         try:
             with _time_limit(self.timeout):
                 body()
             result = PropertyResult(name, True)
         except (Exception, CheckTimeout) as exc:  # noqa: BLE001 -- every learner bug becomes a red line
             detail = _describe(exc)
-            if hint:
+            mistake = getattr(exc, "mistake", None)
+            if not mistake and diagnose is not None and not isinstance(
+                    exc, (NotImplementedError, CheckTimeout)):
+                try:
+                    with _time_limit(self.timeout):
+                        mistake = diagnose()
+                except (Exception, CheckTimeout):  # noqa: BLE001 -- no diagnosis then
+                    mistake = None
+            if mistake:
+                detail += f". Diagnosis: {mistake}"
+            elif hint and not isinstance(exc, NotImplementedError):
                 detail += f". Hint: {hint}"
             result = PropertyResult(name, False, detail)
         self.report.results.append(result)
@@ -214,3 +283,83 @@ def expect_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise AssertionError(f"{what}: expected an integer, got {type(value).__name__} {value!r}")
     return int(value)
+
+
+class Mistake(NamedTuple):
+    """A common mistake: a short name, what to do instead, and a model of it.
+
+    ``model(*args)`` computes what a learner who makes this mistake answers
+    (``None`` for mistakes a checker recognises some other way).
+    """
+
+    name: str
+    fix: str
+    model: Callable | None = None
+
+    def diagnosis(self) -> str:
+        return f"{self.name} -- {self.fix}"
+
+
+def name_mistake(got, args: tuple, mistakes, call=None, probes=()) -> str | None:
+    """The diagnosis of the first mistake whose model answers ``got`` on ``args``.
+
+    When several models give ``got`` and ``call`` (the learner's function) is
+    given, each of ``probes`` (more argument tuples) keeps only the models
+    that also agree with the learner there. ``None`` when none explains it.
+    """
+
+    def agrees(model, a, value) -> bool:
+        try:
+            want = model(*a)
+        except Exception:  # noqa: BLE001 -- a model that cannot run here does not match
+            return False
+        try:
+            if hasattr(want, "tolist"):
+                want = want.tolist()
+            if hasattr(value, "tolist"):
+                value = value.tolist()
+            if isinstance(want, float) or isinstance(value, float):
+                return math.isclose(want, value, rel_tol=1e-9, abs_tol=1e-9)
+            return bool(want == value)
+        except Exception:  # noqa: BLE001 -- e.g. arrays of different shapes
+            return False
+
+    found = [m for m in mistakes if m.model is not None and agrees(m.model, args, got)]
+    if len(found) > 1 and call is not None:
+        for a in probes:
+            try:
+                value = call(*a)
+            except Exception:  # noqa: BLE001 -- cannot tell them apart here
+                continue
+            narrowed = [m for m in found if agrees(m.model, a, value)]
+            if narrowed:
+                found = narrowed
+            if len(found) == 1:
+                break
+    return found[0].diagnosis() if found else None
+
+
+def wrong(message: str, got, args: tuple, mistakes, call=None,
+          probes=()) -> WrongAnswer:
+    """A ``WrongAnswer`` for ``message``, naming the mistake if one explains ``got``."""
+    return WrongAnswer(message, name_mistake(got, args, mistakes, call, probes))
+
+
+def catalogue(fn, *mistake_lists) -> None:
+    """Attach the mistakes a checker names to it, for ``print_mistakes``."""
+    fn.mistakes = [m for ms in mistake_lists for m in ms]
+
+
+def print_mistakes(*check_fns, width: int = 79) -> None:
+    """Print the mistakes each checker names, as a wrapped list (for the solutions).
+
+    A checker lists them in its ``mistakes`` attribute (``Mistake`` objects,
+    set by ``catalogue``), in the order it tries them.
+    """
+    import textwrap
+
+    for fn in check_fns:
+        print(f"{fn.__name__}:")
+        for m in getattr(fn, "mistakes", ()):
+            print(textwrap.fill(m.diagnosis(), width, initial_indent="- ",
+                                subsequent_indent="  "))

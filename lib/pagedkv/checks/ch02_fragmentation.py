@@ -28,7 +28,8 @@ import random
 import numpy as np
 
 from .. import fragmentation as fr
-from ._harness import Checker, CheckReport, expect_equal, expect_int
+from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
+                       expect_equal, expect_int, wrong)
 
 __all__ = ["check_expected_tail_waste", "check_largest_free_extent", "check_fragmenting_trace"]
 
@@ -59,10 +60,75 @@ def _expect_real(value, what: str) -> float:
     return float(value)
 
 
-def _expect_close(got, want: float, what: str) -> None:
+def _expect_close(got, want: float, what: str, args=None, fn=None) -> None:
     got = _expect_real(got, what)
     if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9):
-        raise AssertionError(f"{what}: expected {want:.6g}, got {got!r}")
+        message = f"{what}: expected {want:.6g}, got {got!r}"
+        if args is None:
+            raise AssertionError(message)
+        raise wrong(message, got, args, TAIL_MISTAKES, fn, _TAIL_PROBES)
+
+
+# ------------------------------------------------------------------ mistakes
+def _weighted(waste):
+    return lambda L, P, B: sum(p * waste(n, B) for n, p in zip(L, P))
+
+
+TAIL_MISTAKES = [
+    Mistake("a full last block charged", "a sequence that fills its last "
+            "block wastes nothing: (B - n % B) % B, not B - n % B",
+            _weighted(lambda n, B: B - n % B)),
+    Mistake("used slots, not free ones", "n % B is what the last block "
+            "holds; the waste is the rest of it",
+            _weighted(lambda n, B: n % B)),
+    Mistake("a floor where a ceil belongs", "a sequence holds "
+            "ceil(n / B) blocks, so the waste is ceil(n / B) x B - n",
+            _weighted(lambda n, B: (n // B) * B - n)),
+    Mistake("probabilities ignored", "a plain average assumes every length "
+            "equally likely: weight each waste by probs[i]",
+            lambda L, P, B: sum((-n) % B for n in L) / len(L)),
+    Mistake("not divided or weighted", "this is the total over the lengths: "
+            "weight each by its probability",
+            lambda L, P, B: float(sum((-n) % B for n in L))),
+    Mistake("the uniform shortcut", "(B - 1) / 2 holds only when every "
+            "residue mod B is equally likely: compute it from the lengths",
+            lambda L, P, B: (B - 1) / 2),
+]
+_TAIL_PROBES = [([1, 15, 16, 17], [0.1, 0.1, 0.7, 0.1], 16), ([5, 40], [0.5, 0.5], 8)]
+
+
+def _gaps(allocated, capacity, *, sort=True, head=True, tail=True, off=0):
+    best, end = 0, 0
+    for i, (start, length) in enumerate(sorted(allocated) if sort else allocated):
+        if head or i:
+            best = max(best, start - end - off)
+        end = start + length
+    return max(best, capacity - end - off) if tail else (best if allocated else capacity)
+
+
+EXTENT_MISTAKES = [
+    Mistake("total free, not the largest hole", "a request needs its slots "
+            "in one run: measure each hole",
+            lambda A, cap: cap - sum(n for _, n in A)),
+    Mistake("the hole after the last extent missed", "also measure from the "
+            "last extent's end up to capacity",
+            lambda A, cap: _gaps(A, cap, tail=False)),
+    Mistake("the hole before the first extent missed", "also measure from "
+            "slot 0 up to the first extent", lambda A, cap: _gaps(A, cap, head=False)),
+    Mistake("extents not sorted", "they come in any order: sort them by "
+            "start first", lambda A, cap: _gaps(A, cap, sort=False)),
+    Mistake("off by one", "the hole between an extent ending at e and the "
+            "next starting at s holds s - e slots", lambda A, cap: _gaps(A, cap, off=1)),
+]
+_EXTENT_PROBES = [([(70, 10), (0, 10), (30, 10)], 100), ([(10, 5)], 40), ([(20, 5)], 30),
+                  ([(30, 30), (90, 10)], 100)]
+
+
+def _expect_extent(fn, allocated, capacity, want, what: str) -> None:
+    got = expect_int(fn(list(allocated), capacity), what)
+    if got != want:
+        raise wrong(f"{what}: expected {want}, got {got}", got, (list(allocated), capacity),
+                    EXTENT_MISTAKES, fn, _EXTENT_PROBES)
 
 
 # ------------------------------------------------------------------ (a) tail waste
@@ -70,22 +136,27 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
     """Check ``fn(lengths, probs, block_size) -> float``."""
     rng = random.Random(seed)
     with Checker("expected_tail_waste", timeout=timeout) as c:
+        c.probe(lambda: fn([1, 15, 16, 17], [0.25] * 4, 16))
+
         def single_lengths():
             for n, want in ((1, 15), (15, 1), (16, 0), (17, 15), (32, 0), (33, 15)):
-                _expect_close(fn([n], [1.0], 16), want, f"one sequence of {n} tokens at block 16")
+                _expect_close(fn([n], [1.0], 16), want, f"one sequence of {n} tokens at block 16",
+                              ([n], [1.0], 16), fn)
 
         c.prop("single lengths 1, 15, 16, 17 waste 15, 1, 0, 15 slots at block 16", single_lengths,
                "the last block holds length mod B tokens -- and a full last block wastes nothing")
 
         def equal_four():
-            _expect_close(fn([1, 15, 16, 17], [0.25] * 4, 16), 7.75, "lengths 1, 15, 16, 17 equally likely")
+            _expect_close(fn([1, 15, 16, 17], [0.25] * 4, 16), 7.75, "lengths 1, 15, 16, 17 equally likely",
+                          ([1, 15, 16, 17], [0.25] * 4, 16), fn)
 
         c.prop("lengths 1, 15, 16, 17 equally likely give 7.75", equal_four, "weight each length's waste by its probability")
 
         def unequal_four():
             probs = [0.1, 0.1, 0.7, 0.1]
             _expect_close(fn([1, 15, 16, 17], probs, 16), fr.expected_tail_waste([1, 15, 16, 17], probs, 16),
-                          "lengths 1, 15, 16, 17 with probabilities 0.1, 0.1, 0.7, 0.1")
+                          "lengths 1, 15, 16, 17 with probabilities 0.1, 0.1, 0.7, 0.1",
+                          ([1, 15, 16, 17], probs, 16), fn)
 
         c.prop("the same lengths, not equally likely, are not 7.75 (here 3.1)", unequal_four,
                "use probs; a plain average of the four wastes assumes equal likelihood")
@@ -93,7 +164,8 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
         def uniform():
             for B in (1, 2, 8, 16, 128):
                 lengths = list(range(1000, 1000 + B))
-                _expect_close(fn(lengths, [1 / B] * B, B), (B - 1) / 2, f"every residue mod {B} equally likely")
+                _expect_close(fn(lengths, [1 / B] * B, B), (B - 1) / 2, f"every residue mod {B} equally likely",
+                              (lengths, [1 / B] * B, B), fn)
 
         c.prop("uniform residues give (B - 1) / 2 for B = 1, 2, 8, 16, 128", uniform,
                "block size 1 never wastes a slot")
@@ -107,11 +179,15 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
                 B = rng.choice([1, 2, 4, 16, 32, 64, 128, 256])
                 want = _oracle_tail(lengths, probs, B)
                 assert math.isclose(want, fr.expected_tail_waste(lengths, probs, B), abs_tol=1e-9)  # checker sanity
-                _expect_close(fn(lengths, probs, B), want, f"lengths {lengths}, block {B}")
+                _expect_close(fn(lengths, probs, B), want, f"lengths {lengths}, block {B}",
+                              (lengths, probs, B), fn)
 
         c.prop(f"{cases} random length distributions match an independent count", randomized,
                "sum over lengths of P(length) x ((B - length mod B) mod B)")
     return c.report
+
+
+catalogue(check_expected_tail_waste, TAIL_MISTAKES)
 
 
 # ------------------------------------------------------------------ (b) largest free extent
@@ -130,32 +206,33 @@ def check_largest_free_extent(fn, cases: int = 200, seed: int = 0, timeout: floa
     """Check ``fn(allocated: list[tuple[int, int]], capacity: int) -> int``."""
     rng = random.Random(seed)
     with Checker("largest_free_extent", timeout=timeout) as c:
+        c.probe(lambda: fn([(30, 30), (90, 10)], 100))
+
         def empty_and_full():
-            expect_equal(expect_int(fn([], 100), "empty pool"), 100, "an empty pool of 100 slots")
-            expect_equal(expect_int(fn([(0, 100)], 100), "full pool"), 0, "a pool held by one extent")
-            expect_equal(expect_int(fn([(0, 40), (40, 60)], 100), "full pool"), 0, "a pool held by two extents")
+            _expect_extent(fn, [], 100, 100, "an empty pool of 100 slots")
+            _expect_extent(fn, [(0, 100)], 100, 0, "a pool held by one extent")
+            _expect_extent(fn, [(0, 40), (40, 60)], 100, 0, "a pool held by two extents")
 
         c.prop("an empty pool is one hole; a full pool has none", empty_and_full,
                "with nothing allocated, the whole pool is free")
 
         def chapter_example():
             # Four requests of 30, 30, 30, 10 slots; the 1st and 3rd finished: holes 0-29 and 60-89.
-            expect_equal(expect_int(fn([(30, 30), (90, 10)], 100), "two holes of 30"), 30, "holes of 30 and 30")
+            _expect_extent(fn, [(30, 30), (90, 10)], 100, 30, "holes of 30 and 30")
 
         c.prop("holes of 30 and 30 slots: the largest is 30, not the 60 free in total", chapter_example,
                "a request needs its slots in one run")
 
         def edges():
-            expect_equal(expect_int(fn([(10, 5)], 40), "hole at the end"), 25, "extent at 10..14 of 40")
-            expect_equal(expect_int(fn([(0, 5), (35, 5)], 40), "hole in the middle"), 30, "extents at both ends")
-            expect_equal(expect_int(fn([(20, 5)], 30), "hole at the start"), 20, "extent at 20..24 of 30")
+            _expect_extent(fn, [(10, 5)], 40, 25, "extent at 10..14 of 40")
+            _expect_extent(fn, [(0, 5), (35, 5)], 40, 30, "extents at both ends")
+            _expect_extent(fn, [(20, 5)], 30, 20, "extent at 20..24 of 30")
 
         c.prop("holes before the first extent and after the last one count", edges,
                "look at the gap from slot 0 and the gap up to capacity too")
 
         def unsorted():
-            expect_equal(expect_int(fn([(70, 10), (0, 10), (30, 10)], 100), "unsorted extents"), 30,
-                         "extents given out of address order")
+            _expect_extent(fn, [(70, 10), (0, 10), (30, 10)], 100, 30, "extents given out of address order")
 
         c.prop("extents listed out of address order", unsorted, "sort the extents by start first")
 
@@ -167,13 +244,14 @@ def check_largest_free_extent(fn, cases: int = 200, seed: int = 0, timeout: floa
                 rng.shuffle(extents)
                 want = _oracle_largest(extents, capacity)
                 assert want == alloc.largest_free_extent()  # checker sanity: library and oracle agree
-                got = expect_int(fn(list(extents), capacity), "random state")
-                if got != want:
-                    raise AssertionError(f"pool of {capacity}, extents {sorted(extents)}: expected {want}, got {got}")
+                _expect_extent(fn, extents, capacity, want, f"pool of {capacity}, extents {sorted(extents)}")
 
         c.prop(f"{cases} random first-fit states match the allocator and a slot bitmap", randomized,
                "walk the extents by address and measure each gap")
     return c.report
+
+
+catalogue(check_largest_free_extent, EXTENT_MISTAKES)
 
 
 # ------------------------------------------------------------------ (b) a trace that fragments
@@ -213,6 +291,7 @@ def check_fragmenting_trace(fn, capacities: tuple[int, ...] = (100, 64, 1000, 40
                             timeout: float = 20.0) -> CheckReport:
     """Check ``fn(capacity) -> (ops, need)``: first-fit refuses ``need`` although ``need`` slots are free."""
     with Checker("fragmenting_trace", timeout=timeout) as c:
+        c.probe(lambda: fn(capacities[0]))
         replays = {}
 
         def well_formed():
@@ -234,8 +313,9 @@ def check_fragmenting_trace(fn, capacities: tuple[int, ...] = (100, 64, 1000, 40
                 final = object()  # a name no learner's request can have
                 if alloc.admit(final, need, 0):
                     alloc.finish(final)
-                    raise AssertionError(f"pool of {cap}: the final request of {need} slots was admitted "
-                                         f"(largest hole {alloc.largest_free_extent()})")
+                    raise WrongAnswer(f"pool of {cap}: the final request of {need} slots was admitted "
+                                      f"(largest hole {alloc.largest_free_extent()})",
+                                      TRACE_MISTAKES[1].diagnosis())
 
         c.prop("the final request is refused", refused, "make every hole smaller than need")
 
@@ -244,11 +324,22 @@ def check_fragmenting_trace(fn, capacities: tuple[int, ...] = (100, 64, 1000, 40
                 raise AssertionError("the trace did not replay (see the first line)")
             for cap, (alloc, need) in replays.items():
                 if alloc.free_slots < need:
-                    raise AssertionError(f"pool of {cap}: only {alloc.free_slots} slots are free for a request of "
-                                         f"{need}: that is a full pool, not fragmentation")
+                    raise WrongAnswer(f"pool of {cap}: only {alloc.free_slots} slots are free for a request of "
+                                      f"{need}: that is a full pool, not fragmentation",
+                                      TRACE_MISTAKES[0].diagnosis())
                 if alloc.largest_free_extent() < need:  # checker sanity: the simulator reports this as external
                     assert alloc.occupancy(waiting=(need, 0)).external == alloc.free_slots
 
         c.prop("...although at least need slots are free in total (external fragmentation)", enough_free,
                "free requests that are not neighbours, so the free slots lie in separate holes")
     return c.report
+
+
+TRACE_MISTAKES = [
+    Mistake("a full pool", "refusing a request because too few slots are "
+            "free is shortage, not fragmentation: leave need slots free"),
+    Mistake("one big hole", "the freed requests were neighbours (or the "
+            "holes add up to need): free requests with a live one between "
+            "them, and make every hole smaller than need"),
+]
+catalogue(check_fragmenting_trace, TRACE_MISTAKES)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 
 from ..block_pool import FreeKVCacheBlockQueue, KVCacheBlock
-from ._harness import Checker, CheckReport
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 
 __all__ = ["check_free_block_queue"]
 
@@ -58,8 +58,48 @@ def _ids(blocks) -> list[int]:
     return [b.block_id for b in blocks]
 
 
-def _check_links(queue, blocks: list[KVCacheBlock], expected: list[int], after: str) -> None:
-    """Walk the learner's queue both ways; compare with ``expected`` (ids, head first)."""
+QUEUE_MISTAKES = [
+    Mistake("reversed batch", "linking one block at a time after the head "
+            "sentinel reverses the batch: chain the batch in order, then "
+            "link its last block to the old first one"),
+    Mistake("linked at the wrong end", "append_n links in at the tail "
+            "(before fake_free_list_tail), prepend_n at the head"),
+    Mistake("popped from the wrong end", "popleft_n takes from the head: "
+            "fake_free_list_head.next_free_block first"),
+    Mistake("num_free_blocks not kept", "add or subtract the number of "
+            "blocks linked in or out, in every operation"),
+    Mistake("an unlinked block keeps its links", "set prev_free_block and "
+            "next_free_block of every block you take out to None"),
+    Mistake("a back link forgotten", "every change to a next_free_block has "
+            "a matching change to the neighbour's prev_free_block"),
+    Mistake("a walk", "remove and the batch operations follow a few links: "
+            "never search the queue for a block"),
+]
+
+
+def _order_mistake(forward: list[int], expected: list[int], batch, op) -> str | None:
+    """Name the mistake when ``forward`` is ``expected`` with the batch reversed or misplaced."""
+    if not batch or op not in ("append_n", "prepend_n"):
+        return None
+    rest = [i for i in expected if i not in batch]
+    if op == "prepend_n":
+        reversed_batch, wrong_end = batch[::-1] + rest, rest + batch
+    else:
+        reversed_batch, wrong_end = rest + batch[::-1], batch + rest
+    if len(batch) > 1 and forward == reversed_batch:
+        return QUEUE_MISTAKES[0].diagnosis()
+    if forward == wrong_end:
+        return QUEUE_MISTAKES[1].diagnosis()
+    return None
+
+
+def _check_links(queue, blocks: list[KVCacheBlock], expected: list[int], after: str,
+                 batch=None, op=None) -> None:
+    """Walk the learner's queue both ways; compare with ``expected`` (ids, head first).
+
+    ``batch`` and ``op``: the ids the last append_n/prepend_n linked, so a
+    reversed or misplaced batch is named.
+    """
     head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
     limit = len(blocks) + 2
     forward, node = [], head.next_free_block
@@ -72,25 +112,27 @@ def _check_links(queue, blocks: list[KVCacheBlock], expected: list[int], after: 
             raise AssertionError(f"after {after}: walking forward never reaches the tail sentinel (a cycle?)")
         node = node.next_free_block
     if forward != expected:
-        raise AssertionError(f"after {after}: head to tail the queue is {forward}, expected {expected}")
+        raise WrongAnswer(f"after {after}: head to tail the queue is {forward}, expected {expected}",
+                          _order_mistake(forward, expected, batch, op))
     backward, node = [], tail.prev_free_block
     while node is not head:
         if node is None or len(backward) > limit:
-            raise AssertionError(f"after {after}: walking backward from the tail does not reach the head "
-                                 f"sentinel (got {backward} so far): a prev_free_block link is wrong")
+            raise WrongAnswer(f"after {after}: walking backward from the tail does not reach the head "
+                              f"sentinel (got {backward} so far): a prev_free_block link is wrong",
+                              QUEUE_MISTAKES[5].diagnosis())
         backward.append(node.block_id)
         node = node.prev_free_block
     if backward != expected[::-1]:
-        raise AssertionError(f"after {after}: tail to head the queue is {backward}, expected {expected[::-1]} "
-                             "(a prev_free_block link is wrong)")
+        raise WrongAnswer(f"after {after}: tail to head the queue is {backward}, expected {expected[::-1]} "
+                          "(a prev_free_block link is wrong)", QUEUE_MISTAKES[5].diagnosis())
     if queue.num_free_blocks != len(expected):
-        raise AssertionError(f"after {after}: num_free_blocks is {queue.num_free_blocks!r}, "
-                             f"expected {len(expected)}")
+        raise WrongAnswer(f"after {after}: num_free_blocks is {queue.num_free_blocks!r}, "
+                          f"expected {len(expected)}", QUEUE_MISTAKES[3].diagnosis())
     queued = set(expected)
     for block in blocks:
         if block.block_id not in queued and (block.prev_free_block is not None or block.next_free_block is not None):
-            raise AssertionError(f"after {after}: block {block.block_id} is out of the queue but still has a "
-                                 "link; set both links of a block you unlink to None")
+            raise WrongAnswer(f"after {after}: block {block.block_id} is out of the queue but still has a "
+                              "link", QUEUE_MISTAKES[4].diagnosis())
 
 
 def _popleft_n(queue, n: int, after: str) -> list[KVCacheBlock]:
@@ -109,6 +151,23 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
     """Check a ``FreeKVCacheBlockQueue`` class: ``queue_cls(blocks)`` with the four list operations."""
     with Checker("FreeKVCacheBlockQueue", timeout=timeout) as c:
 
+        def probe():  # the stub: all four operations still raise NotImplementedError
+            stubs = 0
+            for op in ("popleft_n", "remove", "append_n", "prepend_n"):
+                blocks, q = _fresh(queue_cls, 3)
+                args = {"popleft_n": 1, "remove": blocks[1], "append_n": [],
+                        "prepend_n": []}[op]
+                try:
+                    getattr(q, op)(args)
+                except NotImplementedError:
+                    stubs += 1
+                except Exception:  # noqa: BLE001 -- the properties report it
+                    pass
+            if stubs == 4:
+                raise NotImplementedError
+
+        c.probe(probe)
+
         def construction():
             blocks, q = _fresh(queue_cls, 5)
             _check_links(q, blocks, [0, 1, 2, 3, 4], "construction")
@@ -120,7 +179,9 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
             blocks, q = _fresh(queue_cls, 8)
             got = _popleft_n(q, 3, "popleft_n(3)")
             if _ids(got) != [0, 1, 2] or any(g is not b for g, b in zip(got, blocks)):
-                raise AssertionError(f"popleft_n(3) on a fresh queue of 8 returned {_ids(got)}, expected [0, 1, 2]")
+                raise WrongAnswer(f"popleft_n(3) on a fresh queue of 8 returned {_ids(got)}, expected [0, 1, 2]",
+                                  QUEUE_MISTAKES[2].diagnosis() if _ids(got) in ([7, 6, 5], [5, 6, 7])
+                                  else None)
             _check_links(q, blocks, [3, 4, 5, 6, 7], "popleft_n(3)")
             if _popleft_n(q, 0, "popleft_n(0)") != []:
                 raise AssertionError("popleft_n(0) should return []")
@@ -168,12 +229,12 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
             blocks, q = _fresh(queue_cls, 7)
             taken = _popleft_n(q, 4, "popleft_n(4)")
             q.append_n([taken[2], taken[0]])
-            _check_links(q, blocks, [4, 5, 6, 2, 0], "append_n([block 2, block 0])")
+            _check_links(q, blocks, [4, 5, 6, 2, 0], "append_n([block 2, block 0])", [2, 0], "append_n")
             q.append_n([])
             _check_links(q, blocks, [4, 5, 6, 2, 0], "append_n([])")
             _popleft_n(q, 5, "popleft_n(5)")
             q.append_n([taken[1], taken[3]])
-            _check_links(q, blocks, [1, 3], "append_n into an empty queue")
+            _check_links(q, blocks, [1, 3], "append_n into an empty queue", [1, 3], "append_n")
 
         c.prop("append_n(blocks) links blocks in at the tail, in order", append_n,
                "start from fake_free_list_tail.prev_free_block, chain the blocks after it, then link the "
@@ -183,12 +244,12 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
             blocks, q = _fresh(queue_cls, 7)
             taken = _popleft_n(q, 4, "popleft_n(4)")
             q.prepend_n([taken[2], taken[0]])
-            _check_links(q, blocks, [2, 0, 4, 5, 6], "prepend_n([block 2, block 0])")
+            _check_links(q, blocks, [2, 0, 4, 5, 6], "prepend_n([block 2, block 0])", [2, 0], "prepend_n")
             q.prepend_n([])
             _check_links(q, blocks, [2, 0, 4, 5, 6], "prepend_n([])")
             _popleft_n(q, 5, "popleft_n(5)")
             q.prepend_n([taken[3], taken[1]])
-            _check_links(q, blocks, [3, 1], "prepend_n into an empty queue")
+            _check_links(q, blocks, [3, 1], "prepend_n into an empty queue", [3, 1], "prepend_n")
 
         c.prop("prepend_n(blocks) makes blocks[0] the head, keeping their order", prepend_n,
                "chain the blocks after the head sentinel in the given order, then link the last one to the "
@@ -206,8 +267,9 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
                 _CountingBlock.reads = 0
                 op()
                 if _CountingBlock.reads > 12:
-                    raise AssertionError(f"{what} on a queue of 2,000 blocks read {_CountingBlock.reads} links: "
-                                         "it walks the queue instead of following a few links")
+                    raise WrongAnswer(f"{what} on a queue of 2,000 blocks read {_CountingBlock.reads} links: "
+                                      "it walks the queue instead of following a few links",
+                                      QUEUE_MISTAKES[6].diagnosis())
 
         c.prop("remove, append_n, prepend_n and popleft_n do not walk the queue", constant_time,
                "each operation needs only the links next to where it works; never search for a block")
@@ -221,6 +283,7 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
                 oracle = list(range(n))
                 history: list[str] = []
                 for _ in range(30):
+                    batch = None
                     out = [i for i in range(n) if i not in oracle]
                     choices = ["popleft_n"] + (["remove"] if oracle else []) + (["append_n", "prepend_n"] if out else [])
                     op = rng.choice(choices)
@@ -247,8 +310,11 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
                         oracle = batch + oracle if op == "prepend_n" else oracle + batch
                     if _ids(ref.get_all_free_blocks()) != oracle:
                         raise RuntimeError("the library's queue disagrees with the oracle (a bug in pagedkv)")
-                    _check_links(q, blocks, oracle, f"case {case}: " + ", ".join(history))
+                    _check_links(q, blocks, oracle, f"case {case}: " + ", ".join(history), batch, op)
 
         c.prop(f"{cases} random sequences of 30 operations match a plain list, every link checked", random_sequences,
                "the message lists the operations that led to the first difference: replay them by hand")
     return c.report
+
+
+catalogue(check_free_block_queue, QUEUE_MISTAKES)

@@ -9,7 +9,11 @@ The learner computes the slot mapping in numpy from a block table:
 
 Each case is compared with the library's reference
 (``pagedkv.kernels.compute_slot_mapping_ref``) and with a token-by-token oracle
-written here.
+written here. A wrong slot is compared with the answers of the common
+mistakes (the int32 wrap, a ceil where the floor belongs, padding looked up in
+row -1, offset and column swapped...), and the line names the one it matches.
+The padding property judges padding tokens only: a wrong slot for an ordinary
+token there is left to the other properties.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 import torch
 
 from ..kernels.slot_mapping import compute_slot_mapping_ref
-from ._harness import Checker, CheckReport
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, name_mistake
 
 __all__ = ["check_slot_mapping_numpy"]
 
@@ -30,6 +34,65 @@ def _oracle(table: np.ndarray, reqs: np.ndarray, positions: np.ndarray, block_si
     for r, p in zip(reqs.tolist(), positions.tolist()):
         out.append(-1 if r == -1 else int(table[r, p // block_size]) * block_size + p % block_size)
     return out
+
+
+def _wrap32(x: int) -> int:
+    return (x + 2**31) % 2**32 - 2**31
+
+
+def _model(table, reqs, positions, block_size, *, column=None, slot=None,
+           padding=None, wrap=False) -> list[int]:
+    """The slots a learner computes with one piece of the formula swapped."""
+    t = np.asarray(table).tolist()
+    out = []
+    for r, p in zip(np.asarray(reqs).tolist(), np.asarray(positions).tolist()):
+        if r == -1 and padding is None:
+            out.append(-1)
+            continue
+        col = p // block_size if column is None else column(p, block_size)
+        if col < 0 or col >= len(t[r]):
+            raise IndexError(col)
+        block = t[r][col]
+        s = block * block_size + p % block_size if slot is None else slot(block, p, block_size, len(t[r]))
+        if r == -1:
+            s = padding(s)
+        out.append(_wrap32(s) if wrap else s)
+    return out
+
+
+SLOT_MISTAKES = [
+    Mistake("int32 wrap", "block ids are int32 and block_id x block_size "
+            "passes 2**31: widen to int64 before multiplying",
+            lambda *a: _model(*a, wrap=True)),
+    Mistake("padding looked up in row -1", "row -1 is a valid index (the "
+            "last row): mask padding tokens, give them -1",
+            lambda *a: _model(*a, padding=lambda s: s)),
+    Mistake("padding given 0", "a padding token's slot is -1, so the KV "
+            "write skips it; 0 is a real slot, block 0's first",
+            lambda *a: _model(*a, padding=lambda s: 0)),
+    Mistake("a ceil where a floor belongs", "position p sits in column "
+            "p // block_size: positions 0 .. B-1 are column 0",
+            lambda *a: _model(*a, column=lambda p, B: -(-p // B))),
+    Mistake("column and offset swapped", "the column is p // block_size "
+            "and the offset p % block_size",
+            lambda *a: _model(*a, column=lambda p, B: p % B,
+                              slot=lambda b, p, B, w: b * B + p // B)),
+    Mistake("offset forgotten", "add p % block_size: the token's place "
+            "inside its block", lambda *a: _model(*a, slot=lambda b, p, B, w: b * B)),
+    Mistake("block id not scaled", "slot = block x block_size + offset: "
+            "a block holds block_size slots",
+            lambda *a: _model(*a, slot=lambda b, p, B, w: b + p % B)),
+    Mistake("scaled by the table width", "multiply the block id by "
+            "block_size, not by the number of columns",
+            lambda *a: _model(*a, slot=lambda b, p, B, w: b * w + p % B)),
+]
+
+
+def diagnose_slots(got, table, reqs, positions, block_size, extra=()) -> str | None:
+    """Name the common mistake that gives ``got`` for this case (numpy or torch inputs)."""
+    args = tuple(np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in (table, reqs, positions))
+    got = [int(x) for x in np.asarray(got.cpu() if hasattr(got, "cpu") else got).tolist()]
+    return name_mistake(got, (*args, block_size), [*extra, *SLOT_MISTAKES])
 
 
 def random_table_case(rng: np.random.Generator, block_size: int, padding: bool = True):
@@ -58,18 +121,23 @@ def _call(fn, table, reqs, positions, block_size, what: str) -> np.ndarray:
     return arr
 
 
-def _compare(got: np.ndarray, want: list[int], reqs, positions, what: str) -> None:
+def _compare(got: np.ndarray, want: list[int], reqs, positions, what: str,
+             table=None, block_size=None, only=None) -> None:
+    """Compare slot by slot (``only``: the tokens to judge); name the mistake."""
     for i, (g, w) in enumerate(zip(got.tolist(), want)):
-        if g != w:
-            raise AssertionError(
-                f"{what}: token {i} (row {int(reqs[i])}, position {int(positions[i])}) expected slot {w}, got {g}"
-            )
+        if g != w and (only is None or i in only):
+            kind = "padding" if int(reqs[i]) == -1 else f"row {int(reqs[i])}"
+            raise WrongAnswer(
+                f"{what}: token {i} ({kind}, position {int(positions[i])}) expected slot {w}, got {g}",
+                None if table is None else diagnose_slots(got, table, reqs, positions, block_size))
 
 
 def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
     """Check ``fn(block_table, req_indices, positions, block_size) -> np.ndarray`` of int64 slots."""
     rng = np.random.default_rng(seed)
     with Checker("slot_mapping_numpy") as c:
+        c.probe(lambda: fn(np.zeros((1, 1), np.int32), np.zeros(1, np.int64),
+                           np.zeros(1, np.int64), 16))
 
         def worked_example():
             table = np.zeros((4, 300), dtype=np.int32)
@@ -77,7 +145,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
             table[3, 256] = 1913
             reqs, pos = np.array([3], dtype=np.int64), np.array([4096], dtype=np.int64)
             got = _call(fn, table, reqs, pos, 16, "row 3, position 4096, block_size 16")
-            _compare(got, [30608], reqs, pos, "the worked example")
+            _compare(got, [30608], reqs, pos, "the worked example", table, 16)
 
         c.prop("the worked example: row 3, position 4096 -> block 1913 -> slot 30,608", worked_example,
                "column = position // block_size, offset = position % block_size, slot = block * block_size + offset")
@@ -100,7 +168,8 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
             reqs = np.array([-1, 0, -1, 1, -1], dtype=np.int64)
             pos = np.array([0, 17, 5, 3, 0], dtype=np.int64)
             got = _call(fn, table, reqs, pos, 16, "a batch with padding tokens")
-            _compare(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, "padding")
+            _compare(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, "padding", table, 16,
+                     only={0, 2, 4})
 
         c.prop("padding tokens (req_indices == -1) get slot -1", padding,
                "compute every token, then np.where(req_indices == -1, -1, slots); index row 0 for padding so "
@@ -110,7 +179,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
             table = np.array([[20_000_000, 3]], dtype=np.int32)
             reqs, pos = np.array([0, 0], dtype=np.int64), np.array([5, 130], dtype=np.int64)
             got = _call(fn, table, reqs, pos, 128, "block id 20,000,000 at block_size 128")
-            _compare(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, "slots past 2**31")
+            _compare(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, "slots past 2**31", table, 128)
 
         c.prop("slots past 2**31 do not overflow", wide_slots,
                "block ids are int32 but block_id * block_size need not fit: cast to int64 before multiplying")
@@ -125,7 +194,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
                 library = compute_slot_mapping_ref(torch.from_numpy(table), torch.from_numpy(reqs),
                                                    torch.from_numpy(pos), bs).tolist()
                 assert library == want, "the library and the oracle disagree (a bug in pagedkv, not in your code)"
-                _compare(got, want, reqs, pos, what)
+                _compare(got, want, reqs, pos, what, table, bs)
 
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the library", randomized,
                "index the table with two arrays at once: block_table[req_indices, positions // block_size]")
@@ -141,3 +210,6 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
         c.prop("the block table and the inputs are left unchanged", leaves_inputs_alone,
                "replace -1 with 0 in a copy (np.where), not in req_indices itself")
     return c.report
+
+
+catalogue(check_slot_mapping_numpy, SLOT_MISTAKES)

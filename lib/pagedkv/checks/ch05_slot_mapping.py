@@ -15,16 +15,34 @@ The checks run the learner's kernels (compiled on a GPU, in Triton's
 interpreter on a CPU) on seeded random tables and compare them with the
 library's references (``pagedkv.kernels.compute_slot_mapping_ref``,
 ``reshape_and_cache_ref``) and with token-by-token oracles written here.
+
+Both exercises are about writing the kernel: every call is wrapped in
+``count_triton_launches`` and a property requires that a Triton kernel ran.
+A padding token must not read the block table at all, not even a value it
+then discards: in Triton's interpreter (on a CPU) every load is traced, and a
+read of the guard rows around the table (where a padding token's unmasked
+load lands) fails the padding property. Compiled on a GPU, loads cannot be
+traced, and the property checks the values only. Wrong slots are named as in
+chapter 4 (``diagnose_slots``); wrong cache contents are compared with the
+common mistakes (off by one slot, K and V swapped, one head copied, the dtype
+converted).
 """
 
 from __future__ import annotations
 
 import torch
 
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
 from .._device import default_device
 from ..kernels.kv_write import reshape_and_cache_ref
 from ..kernels.slot_mapping import compute_slot_mapping_ref
-from ._harness import Checker, CheckReport
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
+from ._triton_launches import count_triton_launches
+from .ch04_block_table import SLOT_MISTAKES, diagnose_slots
 
 __all__ = ["check_slot_mapping_kernel", "check_kv_write_kernel"]
 
@@ -65,9 +83,80 @@ def _guarded_table(table: torch.Tensor) -> torch.Tensor:
     return buf[1:-1]  # contiguous: whole rows
 
 
-def _run_slot_fn(fn, table, reqs, positions, block_size, what: str) -> torch.Tensor:
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@contextmanager
+def _traced_loads():
+    """Record the addresses of every unmasked lane of every ``tl.load`` (interpreter only)."""
+    addresses: list[np.ndarray] = []
+    if not _interpreted():
+        yield addresses
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        data = np.asarray(ptrs.data)
+        live = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+        addresses.append(data[live].astype(np.uint64).ravel())
+        return original(self, ptrs, mask, *args, **kwargs)
+
+    InterpreterBuilder.create_masked_load = create_masked_load
+    try:
+        yield addresses
+    finally:
+        InterpreterBuilder.create_masked_load = original
+
+
+def _guard_reads(addresses, view: torch.Tensor) -> int:
+    """How many traced loads hit the guard rows around ``view`` (a ``_guarded_table``)."""
+    if not addresses:
+        return 0
+    row = view.stride(0) * view.element_size()
+    start, end = view.data_ptr(), view.data_ptr() + view.shape[0] * row
+    a = np.concatenate(addresses)
+    return int((((a >= start - row) & (a < start)) | ((a >= end) & (a < end + row))).sum())
+
+
+def _flat_row_model(table, reqs, positions, block_size):
+    """The row offset taken as req * block_size instead of req * row_stride."""
+    flat = np.asarray(table).ravel().tolist()
+    out = []
+    for r, p in zip(np.asarray(reqs).tolist(), np.asarray(positions).tolist()):
+        if r == -1:
+            out.append(-1)
+            continue
+        i = r * block_size + p // block_size
+        if not 0 <= i < len(flat):
+            raise IndexError(i)
+        out.append(flat[i] * block_size + p % block_size)
+    return out
+
+
+KERNEL_SLOT_MISTAKES = [
+    Mistake("the row offset", "row r starts at r * block_table.stride(0), "
+            "the table's width, not r * block_size", _flat_row_model),
+]
+READ_MISTAKE = Mistake("padding tokens read the table", "mask the table "
+                       "load with is_real (req >= 0): an unmasked load reads "
+                       "row -1, outside the table, even if tl.where discards it")
+LAUNCH_MISTAKE = Mistake("no kernel", "the exercise is the kernel: launch "
+                         "your @triton.jit function as kernel[grid](...)")
+
+
+def _run_slot_fn(fn, table, reqs, positions, block_size, what: str, launches=None,
+                 reads=None) -> torch.Tensor:
     dev = default_device()
-    got = fn(_guarded_table(table), reqs.to(dev), positions.to(dev), block_size)
+    view = _guarded_table(table)
+    with count_triton_launches() as n, _traced_loads() as addresses:
+        got = fn(view, reqs.to(dev), positions.to(dev), block_size)
+    if launches is not None:
+        launches.append(n.count)
+    if reads is not None:
+        reads.append(_guard_reads(addresses, view))
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
     if got.shape != (reqs.numel(),):
@@ -75,13 +164,21 @@ def _run_slot_fn(fn, table, reqs, positions, block_size, what: str) -> torch.Ten
     return got
 
 
-def _compare_slots(got: torch.Tensor, want: list[int], reqs, positions, block_size: int, what: str) -> None:
+def _compare_slots(got: torch.Tensor, want: list[int], reqs, positions, block_size: int, what: str,
+                   table=None, only=None) -> None:
     for i, (g, w) in enumerate(zip(got.cpu().tolist(), want)):
-        if g != w:
-            hint = " -- it read outside the block table" if g // block_size == GUARD_BLOCK_ID else ""
-            raise AssertionError(
-                f"{what}: token {i} (row {int(reqs[i])}, position {int(positions[i])}) expected slot {w}, got {g}{hint}"
-            )
+        if g != w and (only is None or i in only):
+            outside = g // block_size == GUARD_BLOCK_ID
+            hint = " -- it read outside the block table" if outside else ""
+            kind = "padding" if int(reqs[i]) == -1 else f"row {int(reqs[i])}"
+            mistake = None
+            if table is not None:
+                mistake = diagnose_slots(got, table, reqs, positions, block_size, KERNEL_SLOT_MISTAKES)
+            if mistake is None and outside and int(reqs[i]) == -1:
+                mistake = READ_MISTAKE.diagnosis()
+            raise WrongAnswer(
+                f"{what}: token {i} ({kind}, position {int(positions[i])}) expected slot {w}, got {g}{hint}",
+                mistake)
 
 
 def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float = 60.0) -> CheckReport:
@@ -90,22 +187,25 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
     ``timeout`` bounds each property, in seconds (the interpreter is slow, a hang is slower).
     """
     g = torch.Generator().manual_seed(seed)
+    launches: list[int] = []
     with Checker("slot_mapping kernel", timeout=timeout) as c:
+        c.probe(lambda: _run_slot_fn(fn, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0]),
+                                     torch.tensor([0]), 16, "probe"))
 
         def worked_example():
             table = torch.zeros(4, 300, dtype=torch.int32)
             table[3, :256] = torch.arange(256) + 5000
             table[3, 256] = 1913
             reqs, pos = torch.tensor([3]), torch.tensor([4096])
-            got = _run_slot_fn(fn, table, reqs, pos, 16, "row 3, position 4096")
-            _compare_slots(got, [30608], reqs, pos, 16, "the worked example")
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "row 3, position 4096", launches)
+            _compare_slots(got, [30608], reqs, pos, 16, "the worked example", table)
 
         c.prop("the worked example: row 3, position 4096 -> slot 30,608", worked_example,
                "load block_table[req * row_stride + pos // block_size]; slot = block * block_size + pos % block_size")
 
         def dtype_and_device():
             table, reqs, pos = _random_slot_case(g, 16)
-            got = _run_slot_fn(fn, table, reqs, pos, 16, "a random batch")
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "a random batch", launches)
             if got.dtype != torch.int64:
                 raise AssertionError(f"expected an int64 tensor, got {got.dtype}")
             if got.device.type != default_device().type:
@@ -118,16 +218,21 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
             table = torch.tensor([[7, 9], [4, 0]], dtype=torch.int32)
             reqs = torch.tensor([-1, 0, -1, 1, -1])
             pos = torch.tensor([0, 17, 5, 3, 0])
-            got = _run_slot_fn(fn, table, reqs, pos, 16, "a batch with padding")
-            _compare_slots(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, 16, "padding")
+            reads: list[int] = []
+            got = _run_slot_fn(fn, table, reqs, pos, 16, "a batch with padding", launches, reads)
+            _compare_slots(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, 16, "padding", table,
+                           only={0, 2, 4})
+            if reads and reads[0]:
+                raise WrongAnswer(f"the kernel loaded {reads[0]} value(s) from outside the block table: "
+                                  "the padding tokens' table reads", READ_MISTAKE.diagnosis())
 
         c.prop("padding tokens get slot -1 (and never read the table)", padding,
                "is_real = req >= 0; mask the table load with it; tl.where(is_real, slot, -1)")
 
         def many_tokens():
             table, reqs, pos = _random_slot_case(g, 8, num_tokens=1000)
-            got = _run_slot_fn(fn, table, reqs, pos, 8, "1,000 tokens")
-            _compare_slots(got, _slot_oracle(table, reqs, pos, 8), reqs, pos, 8, "1,000 tokens")
+            got = _run_slot_fn(fn, table, reqs, pos, 8, "1,000 tokens", launches)
+            _compare_slots(got, _slot_oracle(table, reqs, pos, 8), reqs, pos, 8, "1,000 tokens", table)
 
         c.prop("1,000 tokens (not a multiple of any tile) are all mapped", many_tokens,
                "grid = (triton.cdiv(num_tokens, TILE),) and mask offsets < num_tokens on every load and store")
@@ -135,8 +240,8 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
         def wide_slots():
             table = torch.tensor([[20_000_000, 3]], dtype=torch.int32)
             reqs, pos = torch.tensor([0, 0]), torch.tensor([5, 130])
-            got = _run_slot_fn(fn, table, reqs, pos, 128, "block id 20,000,000 at block_size 128")
-            _compare_slots(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, 128, "slots past 2**31")
+            got = _run_slot_fn(fn, table, reqs, pos, 128, "block id 20,000,000 at block_size 128", launches)
+            _compare_slots(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, 128, "slots past 2**31", table)
 
         c.prop("slots past 2**31 do not overflow", wide_slots,
                "the loaded block id is int32: .to(tl.int64) before multiplying by block_size")
@@ -146,14 +251,28 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
                 bs = BLOCK_SIZES[k % len(BLOCK_SIZES)]
                 table, reqs, pos = _random_slot_case(g, bs)
                 what = f"random case {k} (block_size {bs}, table {table.shape[0]} x {table.shape[1]})"
-                got = _run_slot_fn(fn, table, reqs, pos, bs, what)
+                got = _run_slot_fn(fn, table, reqs, pos, bs, what, launches)
                 want = _slot_oracle(table, reqs, pos, bs)
                 assert compute_slot_mapping_ref(table, reqs, pos, bs).tolist() == want, "library and oracle disagree"
-                _compare_slots(got, want, reqs, pos, bs, what)
+                _compare_slots(got, want, reqs, pos, bs, what, table)
 
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the reference", randomized,
                "the row offset is req * block_table.stride(0)")
+
+        c.prop("computes in a Triton kernel", lambda: _launched(launches),
+               "launch your @triton.jit function as kernel[grid](...)")
     return c.report
+
+
+def _launched(launches: list[int]) -> None:
+    if not launches:
+        raise AssertionError("no call returned an answer to look at")
+    if min(launches) == 0:
+        raise WrongAnswer(f"{launches.count(0)} of {len(launches)} calls ran no Triton kernel",
+                          LAUNCH_MISTAKE.diagnosis())
+
+
+catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES, [READ_MISTAKE, LAUNCH_MISTAKE])
 
 
 def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, heads: int = 2, head_dim: int = 8,
@@ -169,7 +288,7 @@ def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, hea
     return key, value, key_cache, value_cache, slots
 
 
-def _run_kv_fn(fn, key, value, key_cache, value_cache, slots, what: str):
+def _run_kv_fn(fn, key, value, key_cache, value_cache, slots, what: str, launches=None):
     """Run the learner's kernel on device copies; return the caches it wrote, on the CPU."""
     dev = default_device()
     bufs = []
@@ -179,18 +298,57 @@ def _run_kv_fn(fn, key, value, key_cache, value_cache, slots, what: str):
         buf[1:-1] = cache.to(dev)
         bufs.append(buf)
     kc, vc = bufs[0][1:-1], bufs[1][1:-1]  # contiguous: whole blocks
-    result = fn(key.to(dev), value.to(dev), kc, vc, slots.to(dev))
+    with count_triton_launches() as n:
+        result = fn(key.to(dev), value.to(dev), kc, vc, slots.to(dev))
+    if launches is not None:
+        launches.append(n.count)
     if result is not None and not isinstance(result, (tuple, list, torch.Tensor)):
         raise AssertionError(f"{what}: expected None (the caches are written in place), got {type(result).__name__}")
     for name, buf in zip(("key_cache", "value_cache"), bufs):
         if not (bool((buf[0] == -777.0).all()) and bool((buf[-1] == 777.0).all())):
             side = "before" if not bool((buf[0] == -777.0).all()) else "after"
-            raise AssertionError(f"{what}: the kernel wrote {side} {name}'s memory (slot -1 must be skipped, "
-                                 "and every store masked)")
+            raise WrongAnswer(f"{what}: the kernel wrote {side} {name}'s memory (slot -1 must be skipped, "
+                              "and every store masked)",
+                              KV_MISTAKES[0 if side == "before" else 1].diagnosis())
     return kc.cpu(), vc.cpu()
 
 
-def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str) -> None:
+KV_MISTAKES = [
+    Mistake("padding written", "slot -1 is padding: mask the stores with "
+            "slot >= 0, or row -1 lands in the memory before the cache"),
+    Mistake("off by one slot", "token t goes to row slot_mapping[t] of the "
+            "flattened cache, exactly"),
+    Mistake("K and V swapped", "key goes to key_cache, value to value_cache"),
+    Mistake("one head copied", "a token's row is num_kv_heads x head_dim "
+            "elements wide: copy all of them"),
+    Mistake("the dtype converted", "store what you loaded: a round trip "
+            "through another type changes fp16/bf16 bits"),
+]
+
+
+def _diagnose_kv(got_k, got_v, key, value, slots) -> str | None:
+    bs = got_k.shape[1]
+    flat_k = got_k.reshape(-1, *got_k.shape[2:])
+    flat_v = got_v.reshape(-1, *got_v.shape[2:])
+    real = [(t, s) for t, s in enumerate(slots.tolist()) if s >= 0]
+    if not real:
+        return None
+    n = flat_k.shape[0]
+    if all(s + 1 < n and torch.equal(flat_k[s + 1], key[t]) for t, s in real) or \
+            all(s >= 1 and torch.equal(flat_k[s - 1], key[t]) for t, s in real):
+        return KV_MISTAKES[1].diagnosis()
+    if all(torch.equal(flat_k[s], value[t]) for t, s in real):
+        return KV_MISTAKES[2].diagnosis()
+    if key.shape[1] > 1 and all(torch.equal(flat_k[s][0], key[t][0]) and not torch.equal(flat_k[s], key[t])
+                                for t, s in real):
+        return KV_MISTAKES[3].diagnosis()
+    if all(torch.allclose(flat_k[s].float(), key[t].float(), rtol=1e-2, atol=1e-2) for t, s in real):
+        return KV_MISTAKES[4].diagnosis()
+    del bs
+    return None
+
+
+def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str, key=None, value=None) -> None:
     bs = want_k.shape[1]
     written = {s for s in slots.tolist() if s >= 0}
     for name, got, want in (("key_cache", got_k, want_k), ("value_cache", got_v, want_v)):
@@ -198,15 +356,16 @@ def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str) -> None:
         differs = (flat_g != flat_w).flatten(1).any(1).nonzero().flatten().tolist()
         if differs:
             s = differs[0]
+            mistake = None if key is None else _diagnose_kv(got_k, got_v, key, value, slots)
             if s in written:
                 t = slots.tolist().index(s)
-                raise AssertionError(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) "
-                                     f"should hold token {t}'s data and does not")
-            raise AssertionError(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) was not "
-                                 "written by any token but changed")
+                raise WrongAnswer(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) "
+                                  f"should hold token {t}'s data and does not", mistake)
+            raise WrongAnswer(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) was not "
+                              "written by any token but changed", mistake)
 
 
-def _kv_property(fn, g, dtype, block_size, heads=2, head_dim=8, tokens=6, what="") -> None:
+def _kv_property(fn, g, dtype, block_size, heads=2, head_dim=8, tokens=6, what="", launches=None) -> None:
     key, value, kc, vc, slots = _random_kv_case(g, dtype, block_size, heads, head_dim, tokens)
     want_k, want_v = kc.clone(), vc.clone()
     reshape_and_cache_ref(key, value, want_k, want_v, slots)
@@ -216,8 +375,8 @@ def _kv_property(fn, g, dtype, block_size, heads=2, head_dim=8, tokens=6, what="
             oracle_k[s // block_size, s % block_size] = key[t]
             oracle_v[s // block_size, s % block_size] = value[t]
     assert torch.equal(want_k, oracle_k) and torch.equal(want_v, oracle_v), "library and oracle disagree"
-    got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, what)
-    _compare_caches(got_k, got_v, want_k, want_v, slots, what)
+    got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, what, launches)
+    _compare_caches(got_k, got_v, want_k, want_v, slots, what, key, value)
 
 
 def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckReport:
@@ -226,16 +385,22 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
     ``timeout`` bounds each property, in seconds.
     """
     g = torch.Generator().manual_seed(seed)
+    launches: list[int] = []
     with Checker("kv_write kernel", timeout=timeout) as c:
+        def probe():
+            key, value, kc, vc, slots = _random_kv_case(torch.Generator().manual_seed(1), torch.float32, 4)
+            _run_kv_fn(fn, key, value, kc, vc, slots, "probe")
+
+        c.probe(probe)
         c.prop("fp32 tokens land at their slots; every other slot keeps its contents",
-               lambda: _kv_property(fn, g, torch.float32, 16, what="fp32, block_size 16"),
+               lambda: _kv_property(fn, g, torch.float32, 16, what="fp32, block_size 16", launches=launches),
                "one program per token: load its slot, then copy num_kv_heads * head_dim elements to row slot "
                "of the flattened cache")
 
         def padding_only():
             key, value, kc, vc, slots = _random_kv_case(g, torch.float32, 4)
             slots[:] = -1
-            got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, "a batch of padding only")
+            got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, "a batch of padding only", launches)
             _compare_caches(got_k, got_v, kc, vc, slots, "a batch of padding only")
 
         c.prop("padding tokens (slot -1) write nothing", padding_only,
@@ -243,23 +408,30 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
 
         def block_sizes():
             for bs in BLOCK_SIZES:
-                _kv_property(fn, g, torch.float32, bs, what=f"block_size {bs}")
+                _kv_property(fn, g, torch.float32, bs, what=f"block_size {bs}", launches=launches)
 
         c.prop("block sizes 1, 8, 16, 32, 128", block_sizes,
                "block-major caches are flat rows: block b, offset o is row b * block_size + o")
 
         def half_types():
             for dtype in (torch.float16, torch.bfloat16):
-                _kv_property(fn, g, dtype, 8, what=str(dtype).replace("torch.", ""))
+                _kv_property(fn, g, dtype, 8, what=str(dtype).replace("torch.", ""), launches=launches)
 
         c.prop("fp16 and bf16 are copied bit for bit", half_types,
                "copy without converting: store what you loaded, in the cache's dtype")
 
         c.prop("a token width that is not a power of two (3 heads x 5 dims)",
-               lambda: _kv_property(fn, g, torch.float32, 8, heads=3, head_dim=5, what="3 heads x 5 dims"),
+               lambda: _kv_property(fn, g, torch.float32, 8, heads=3, head_dim=5, what="3 heads x 5 dims",
+                                    launches=launches),
                "tl.arange needs a power of two: use triton.next_power_of_2(width) and mask cols < width")
 
         c.prop("many tokens (200) in one call",
-               lambda: _kv_property(fn, g, torch.float32, 16, tokens=200, what="200 tokens"),
+               lambda: _kv_property(fn, g, torch.float32, 16, tokens=200, what="200 tokens", launches=launches),
                "launch one program per token: grid = (num_tokens,)")
+
+        c.prop("computes in a Triton kernel", lambda: _launched(launches),
+               "launch your @triton.jit function as kernel[grid](...)")
     return c.report
+
+
+catalogue(check_kv_write_kernel, KV_MISTAKES, [LAUNCH_MISTAKE])

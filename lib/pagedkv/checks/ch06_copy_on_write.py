@@ -21,7 +21,7 @@ import copy
 import random
 
 from ..scheduler_sim import PagedKV
-from ._harness import Checker, CheckReport, expect_equal, expect_int
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, expect_equal, expect_int
 
 __all__ = ["check_copy_on_write"]  # random_trial is public too, for the chapter
 
@@ -109,10 +109,71 @@ def random_trial(cls: type, seed: int, n_ops: int) -> None:
                                          f"to {pool.pages.get(page)}")
 
 
+COW_MISTAKES = [
+    Mistake("the wrong page copied", "the partial page is the request's "
+            "tail, pool.tables[request_id][-1], not its first page"),
+    Mistake("written in place", "the tail is shared (or pinned): take a new "
+            "page and point the request's last table entry at it"),
+    Mistake("tokens not copied", "the new page must start with the old "
+            "tail's tokens: pool.pages[new].extend(pool.pages[old])"),
+    Mistake("the old owner reference kept", "the request no longer names "
+            "the old page: pool.drop_owner(old, request_id)"),
+    Mistake("the new owner missing", "pool.owners[new].add(request_id)"),
+    Mistake("state changed before allocating", "allocate_page() first: "
+            "when it raises MemoryError nothing may have changed"),
+]
+
+
+def _three_pages(cls):
+    """a holds five tokens in pages of 2 (the tail partial); b is its fork."""
+    pool = cls(capacity=6, block_size=2)
+    pool.create("a")
+    for t in (1, 2, 3, 4, 5):
+        pool.append("a", t)
+    pool.fork("a", "b")
+    return pool
+
+
+def _diagnose_cow(fn) -> str | None:
+    try:
+        pool = _three_pages(PagedKV)
+        old_table = list(pool.tables["b"])
+        old = old_table[-1]
+        got = fn(pool, "b")
+        table = pool.tables["b"]
+        if table == old_table or got == old:
+            return COW_MISTAKES[1].diagnosis()
+        if table[-1] == old:
+            return COW_MISTAKES[0].diagnosis()
+        new = table[-1]
+        if pool.pages[new] != [5]:
+            return COW_MISTAKES[2].diagnosis()
+        if "b" in pool.owners[old]:
+            return COW_MISTAKES[3].diagnosis()
+        if "b" not in pool.owners[new]:
+            return COW_MISTAKES[4].diagnosis()
+        pool = PagedKV(capacity=1, block_size=4)
+        pool.create("a")
+        pool.append("a", 7)
+        pool.fork("a", "b")
+        before = _state(pool)
+        try:
+            fn(pool, "b")
+        except MemoryError:
+            if _state(pool) != before:
+                return COW_MISTAKES[5].diagnosis()
+    except Exception:  # noqa: BLE001 -- the property's message says what happened
+        return None
+    return None
+
+
 def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 20.0) -> CheckReport:
     """Check ``fn(pool, request_id) -> int``, the copy-on-write branch of ``PagedKV.append``."""
     cls = _with_hook(fn)
     with Checker("copy_on_write", timeout=timeout) as c:
+        c.probe(lambda: fn(_three_pages(PagedKV), "b"))
+        prop = c.prop
+        c.prop = lambda name, body, hint="": prop(name, body, hint, lambda: _diagnose_cow(fn))
         def worked_example():
             pool = cls(capacity=3, block_size=4)
             pool.create("a")
@@ -132,6 +193,26 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
 
         c.prop("the worked example: b gets a private copy, a and the transfer keep page 0", worked_example,
                "allocate a page, copy the tail's tokens into it, point only this request's last table entry at it")
+
+        def three_pages():
+            pool = _three_pages(cls)
+            a_table = list(pool.tables["a"])
+            pool.append("b", 6)
+            b_table = pool.tables["b"]
+            if b_table[-1] == a_table[-1] or b_table[:-1] != a_table[:-1]:
+                changed = [i for i, (x, y) in enumerate(zip(a_table, b_table)) if x != y]
+                copied = ", ".join(str(a_table[i]) for i in changed)
+                raise WrongAnswer(
+                    f"a's pages {a_table}, b's after its append {b_table}: "
+                    + (f"page {copied} was copied" if copied else "no page was copied")
+                    + f", but the partial page is the tail, {a_table[-1]}",
+                    _diagnose_cow(fn))
+            expect_equal(pool.read("a"), [1, 2, 3, 4, 5], "read('a')")
+            expect_equal(pool.read("b"), [1, 2, 3, 4, 5, 6], "read('b')")
+            _checked(pool, "after b appends")
+
+        c.prop("three pages: only the partial tail is copied, the full pages "
+               "stay shared", three_pages, "the tail is pool.tables[request_id][-1]")
 
         def returns_new_page():
             pool = cls(capacity=4, block_size=4)
@@ -193,3 +274,6 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
         c.prop(f"{seeds} seeds x {n_ops} random operations match a list oracle; check() holds after each",
                randomized, "read the message: it names the seed, the operation and what differed")
     return c.report
+
+
+catalogue(check_copy_on_write, COW_MISTAKES)

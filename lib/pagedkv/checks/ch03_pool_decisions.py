@@ -1,0 +1,453 @@
+"""Checks for the decisions of exercises/03_block_pool.ipynb.
+
+The learner writes three of ``BlockPool``'s decisions, as functions of the pool:
+
+* ``free_blocks(pool, ordered_blocks)``: release one reference to each block;
+  of those reaching zero, unhashed ones go to the *head* of the free queue in
+  the given order, hashed ones to the *tail* in the given order; the null
+  block is never queued (skipped, as vLLM does, or refused with
+  ``ValueError``, as the library does);
+* ``free_request(pool, req_blocks)``: what ``KVCacheManager.free`` asks of
+  the pool for a finished request: its blocks in table order, freed tail
+  first (``reversed``);
+* ``touch(pool, blocks)``: a prefix hit; a block nobody holds leaves the free
+  queue, and every block's ``ref_cnt`` rises by one.
+
+Each checker installs the learner's function on one instance of the real
+``KVCacheManager`` (its ``BlockPool``) and runs seeded random operation
+sequences -- admissions with prefix hits, prefill chunks, decode steps,
+preemptions, finished requests, copy-on-write -- beside an untouched manager,
+comparing after every operation the block tables, every ``ref_cnt``, the
+free queue in order and the cached hashes, with ``check()`` on both. A
+difference is diagnosed by running the learner's function on small fixed
+cases whose answer tells the common mistakes apart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from ..block_pool import BlockPool, KVCacheBlock
+from ..kv_cache_manager import KVCacheManager, Request
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
+
+__all__ = ["check_free_blocks", "check_touch"]
+
+
+# ----------------------------------------------------------- the trial driver
+def _snapshot(m: KVCacheManager) -> dict:
+    pool = m.block_pool
+    return {
+        "block tables": {r: [b.block_id for b in bs]
+                         for r, bs in sorted(m.req_to_blocks.items())},
+        "free queue (head to tail)": [
+            b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        "ref_cnt": {b.block_id: b.ref_cnt for b in pool.blocks[1:]
+                    if b.ref_cnt},
+        "hashed blocks": sorted(b.block_id for b in pool.blocks
+                                if b.block_hash is not None),
+        "outstanding copies": m.outstanding_copies,
+    }
+
+
+def _first_difference(mine: dict, lib: dict) -> str | None:
+    for key in lib:
+        if mine[key] != lib[key]:
+            return f"{key}: yours {mine[key]}, the library's {lib[key]}"
+    return None
+
+
+def manager_trial(install: Callable[[KVCacheManager], None], seed: int,
+                  n_ops: int = 60, *, aligned: bool | None = None,
+                  diagnose: Callable[[], str | None] = lambda: None) -> None:
+    """One seeded run of a scheduler's calls on two managers, one with the learner's code.
+
+    ``install(manager)`` puts the learner's functions on the second manager.
+    After every operation both managers' states must agree and both
+    ``check()``s pass; otherwise ``WrongAnswer`` names the seed, the
+    operation, the first difference, and ``diagnose()``'s verdict.
+    ``aligned`` forces prefix matching in whole blocks (True) or in
+    sub-blocks, with copy-on-write of partial hits (False).
+    """
+    rng = random.Random(seed)
+    B = rng.choice([2, 4])
+    if aligned is None:
+        aligned = rng.random() < 0.5
+    h = B if aligned else rng.choice([d for d in (1, 2) if d < B])
+    num_blocks = rng.randint(10, 24)
+    watermark = rng.choice([0.0, 0.1, 0.2])
+    lib = KVCacheManager(num_blocks, B, True, h, watermark)
+    mine = KVCacheManager(num_blocks, B, True, h, watermark)
+    install(mine)
+    prefixes = [[rng.randint(1, 6) for _ in range(rng.randint(1, 4 * B))]
+                for _ in range(3)]
+    running: dict[str, tuple[Request, Request]] = {}
+    n = 0
+    history: list[str] = []
+
+    def fail(what: str) -> None:
+        raise WrongAnswer(f"seed {seed}, block_size {B}, operation "
+                          f"{len(history)} ({history[-1]}): {what}", diagnose())
+
+    def twins(rid, prompt, max_tokens):
+        return (Request(rid, prompt, max_tokens, hash_block_size=h),
+                Request(rid, prompt, max_tokens, hash_block_size=h))
+
+    def allocate(rl, rm, num_new, n_hit=0, hit_l=(), hit_m=()):
+        out_l = lib.allocate_slots(rl, num_new, n_hit, list(hit_l))
+        out_m = mine.allocate_slots(rm, num_new, n_hit, list(hit_m))
+        if (out_l is None) != (out_m is None):
+            fail(f"allocate_slots returned {_ids(out_m)}, the library "
+                 f"{_ids(out_l)}")
+        return out_l is not None
+
+    def drop(rid, preempted):
+        rl, rm = running.pop(rid)
+        lib.free(rl)
+        mine.free(rm)
+
+    for _ in range(n_ops):
+        ops = ["admit"] * 3
+        if running:
+            ops += ["step"] * 5 + ["finish", "preempt"]
+        if lib.outstanding_copies:
+            ops += ["copies"] * 3
+        op = rng.choice(ops)
+        if op == "admit":
+            n += 1
+            rid = f"r{n}"
+            prompt = (list(rng.choice(prefixes))
+                      + [rng.randint(1, 6) for _ in range(rng.randint(0, 2 * B))])
+            rl, rm = twins(rid, prompt, rng.randint(1, 3 * B))
+            history.append(f"admit {rid} with {len(prompt)} prompt tokens")
+            hit_l, n_l = lib.get_computed_blocks(rl)
+            hit_m, n_m = mine.get_computed_blocks(rm)
+            if ([b.block_id for b in hit_m], n_m) != ([b.block_id for b in hit_l], n_l):
+                fail(f"get_computed_blocks returned blocks "
+                     f"{[b.block_id for b in hit_m]} and {n_m} tokens; the "
+                     f"library {[b.block_id for b in hit_l]} and {n_l}")
+            num_new = min(rng.randint(1, 3 * B), rl.num_tokens - n_l)
+            if allocate(rl, rm, num_new, n_l, hit_l, hit_m):
+                rl.num_computed_tokens = rm.num_computed_tokens = n_l + num_new
+                running[rid] = (rl, rm)
+        elif op == "step":
+            rid = rng.choice(sorted(running))
+            rl, rm = running[rid]
+            if rl.num_computed_tokens < rl.num_tokens:
+                num_new = min(rng.randint(1, 3 * B),
+                              rl.num_tokens - rl.num_computed_tokens)
+                history.append(f"prefill {num_new} tokens of {rid}")
+            elif rl.is_finished:
+                history.append(f"finish {rid}")
+                drop(rid, False)
+                num_new = 0
+            else:
+                token = rng.randint(1, 6)
+                rl.append_output_token_ids(token)
+                rm.append_output_token_ids(token)
+                num_new = 1
+                history.append(f"decode one token of {rid}")
+            if num_new:
+                if allocate(rl, rm, num_new):
+                    rl.num_computed_tokens += num_new
+                    rm.num_computed_tokens += num_new
+                else:  # no room: the scheduler preempts it
+                    history[-1] += ", no room: preempt it"
+                    drop(rid, True)
+        elif op in ("finish", "preempt"):
+            rid = rng.choice(sorted(running))
+            history.append(f"{op} {rid}")
+            drop(rid, op == "preempt")
+        else:
+            history.append("run and acknowledge the copies")
+            lib.acknowledge_copies(lib.take_pending_copies())
+            mine.acknowledge_copies(mine.take_pending_copies())
+        try:
+            mine.check()
+        except AssertionError as exc:
+            fail(f"check() fails: {exc}")
+        diff = _first_difference(_snapshot(mine), _snapshot(lib))
+        if diff:
+            fail(diff)
+
+
+def _ids(blocks) -> list[int] | None:
+    return None if blocks is None else [b.block_id for b in blocks]
+
+
+# --------------------------------------------------------------- free_blocks
+def _hashed_pool(n_blocks: int = 10, held: int = 6, hashed=(2, 4),
+                 twice=(3,)) -> tuple[BlockPool, list[KVCacheBlock]]:
+    """A pool whose first ``held`` blocks a request holds; some hashed, some held twice."""
+    pool = BlockPool(n_blocks)
+    blocks = pool.get_new_blocks(held)
+    for i in hashed:
+        pool.cache_full_blocks([blocks[i]], [1000 + i], 0, 1)
+    pool.touch([blocks[i] for i in twice])
+    return pool, blocks
+
+
+def _queue_ids(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
+
+def _free_model(before: list[int], batch: list[KVCacheBlock], *,
+                unhashed_tail=False, hashed_head=False, reverse_head=False,
+                reverse_tail=False, ignore_refs=False) -> list[int]:
+    """The free queue after freeing ``batch``, with one decision swapped."""
+    head, tail = [], []
+    for b in batch:
+        if b.ref_cnt - 1 > 0 and not ignore_refs:
+            continue
+        (tail if b.block_hash is not None else head).append(b.block_id)
+    if reverse_head:
+        head = head[::-1]
+    if reverse_tail:
+        tail = tail[::-1]
+    if unhashed_tail:
+        return before + head + tail
+    if hashed_head:
+        return tail + head + before
+    return head + before + tail
+
+
+FREE_MISTAKES = [
+    Mistake("unhashed blocks appended", "a block without a hash can never "
+            "match the prefix cache: prepend it, so it is reused first "
+            "(prepend_n, not append_n)"),
+    Mistake("hashed blocks prepended", "a block with a hash stays matchable "
+            "while it waits: append it at the tail, so it is evicted last"),
+    Mistake("reversed batch", "prepending one block at a time reverses "
+            "them: collect the blocks, then one prepend_n keeps their order"),
+    Mistake("hashed batch reversed", "append the hashed blocks in the given "
+            "order: the first one listed is evicted first"),
+    Mistake("ref_cnt not decremented, or queued while held", "take one "
+            "reference off each block; only a block reaching 0 is free"),
+    Mistake("the null block queued", "block 0 is never allocated or freed: "
+            "skip it (vLLM) or refuse it (the library)"),
+    Mistake("forgot reversed", "free_request frees a request's blocks tail "
+            "first: free_blocks(pool, reversed(req_blocks)), so its tail, "
+            "the least shareable part, is evicted first"),
+]
+
+
+def _diagnose_free(free_blocks, free_request) -> str | None:
+    """Run the learner's functions on fixed pools; name the first mistake seen."""
+    try:
+        pool, blocks = _hashed_pool()
+        before = _queue_ids(pool)
+        free_blocks(pool, list(blocks))
+        got = _queue_ids(pool)
+        models = [
+            (0, dict(unhashed_tail=True)), (1, dict(hashed_head=True)),
+            (2, dict(reverse_head=True)), (3, dict(reverse_tail=True)),
+            (4, dict(ignore_refs=True)),
+        ]
+        pool2, blocks2 = _hashed_pool()
+        for i, kw in models:
+            if got == _free_model(before, blocks2, **kw):
+                return FREE_MISTAKES[i].diagnosis()
+        if got != _free_model(before, blocks2):
+            return None
+        pool, blocks = _hashed_pool(hashed=(), twice=())
+        before = _queue_ids(pool)
+        free_request(pool, list(blocks))
+        if _queue_ids(pool) == [b.block_id for b in blocks] + before:
+            return FREE_MISTAKES[6].diagnosis()
+    except Exception:  # noqa: BLE001 -- the trial's message says what happened
+        return None
+    return None
+
+
+def _install_free(free_blocks, free_request=None):
+    """The learner's free_blocks on the pool; with free_request, also in free()."""
+    def install(m: KVCacheManager) -> None:
+        pool = m.block_pool
+        pool.free_blocks = lambda ordered: free_blocks(pool, ordered)
+        if free_request is None:
+            return  # the library's free calls pool.free_blocks(reversed(...))
+
+        def free(request):  # KVCacheManager.free, with the pool's part the learner's
+            rid = request.request_id
+            blocks = m.req_to_blocks.get(rid)
+            if blocks is None:
+                return
+            with pool.deferred_events():
+                m._record_partial_entries(request)
+                del m.req_to_blocks[rid], m.num_cached_block[rid]
+                del m.num_partial_recorded[rid], m._holders[rid]
+                free_request(pool, blocks)
+
+        m.free = free
+    return install
+
+
+def check_free_blocks(free_blocks, free_request, seeds: int = 12,
+                      timeout: float = 30.0) -> CheckReport:
+    """Check ``free_blocks(pool, ordered_blocks)`` and ``free_request(pool, req_blocks)``."""
+    with Checker("free_blocks", timeout=timeout) as c:
+        def probe():
+            pool, blocks = _hashed_pool()
+            free_blocks(pool, blocks)
+
+        c.probe(probe)
+
+        def order():
+            pool, blocks = _hashed_pool()
+            before = _queue_ids(pool)
+            free_blocks(pool, list(blocks))
+            got = _queue_ids(pool)
+            ref, ref_blocks = _hashed_pool()
+            ref.free_blocks(list(ref_blocks))
+            want = _queue_ids(ref)
+            if got != want:
+                raise WrongAnswer(
+                    f"freeing blocks {[b.block_id for b in blocks]} (2 and 4 "
+                    f"hashed, 3 held twice) into a queue {before}: the queue "
+                    f"is {got}, expected {want}",
+                    _diagnose_free(free_blocks, free_request))
+            refs = [b.ref_cnt for b in blocks]
+            if refs != [b.ref_cnt for b in ref_blocks]:
+                raise WrongAnswer(f"ref_cnt afterwards {refs}, expected "
+                                  f"{[b.ref_cnt for b in ref_blocks]}",
+                                  FREE_MISTAKES[4].diagnosis())
+
+        c.prop("unhashed blocks reaching 0 go to the head, hashed ones to the "
+               "tail, each in the given order", order,
+               "split the blocks that reach 0 by block_hash, then one "
+               "prepend_n and one append_n")
+
+        def null_block():
+            pool, blocks = _hashed_pool()
+            before = _snapshot_pool(pool)
+            try:
+                free_blocks(pool, [pool.null_block])
+            except ValueError:
+                pass
+            if _snapshot_pool(pool) != before or (
+                    pool.null_block.prev_free_block is not None):
+                raise WrongAnswer("freeing the null block changed the pool",
+                                  FREE_MISTAKES[5].diagnosis())
+
+        c.prop("the null block is never queued", null_block,
+               "if block.is_null: skip it")
+
+        def tail_first():
+            pool, blocks = _hashed_pool(hashed=(), twice=())
+            before = _queue_ids(pool)
+            free_request(pool, list(blocks))
+            want = [b.block_id for b in reversed(blocks)] + before
+            if _queue_ids(pool) != want:
+                raise WrongAnswer(
+                    f"free_request of table {[b.block_id for b in blocks]}: "
+                    f"the queue is {_queue_ids(pool)}, expected {want}",
+                    _diagnose_free(free_blocks, free_request))
+
+        c.prop("free_request frees a request's blocks tail first", tail_first,
+               "free_blocks(pool, reversed(req_blocks))")
+
+        def trials():
+            # Even seeds: the learner's free_blocks under the library's free;
+            # odd seeds: the learner's free_request as well.
+            for seed in range(seeds):
+                install = _install_free(free_blocks,
+                                        free_request if seed % 2 else None)
+                manager_trial(install, seed, diagnose=lambda: _diagnose_free(
+                    free_blocks, free_request))
+
+        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
+               "library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_free(free_blocks, free_request))
+    return c.report
+
+
+def _snapshot_pool(pool: BlockPool):
+    return (_queue_ids(pool), [b.ref_cnt for b in pool.blocks[1:]],
+            [b.block_hash for b in pool.blocks])
+
+
+catalogue(check_free_blocks, FREE_MISTAKES)
+
+
+# --------------------------------------------------------------------- touch
+TOUCH_MISTAKES = [
+    Mistake("forgot the touch", "a block nobody held is still in the free "
+            "queue: take it out (queue.remove) or the next allocation can "
+            "hand it to another request while this one reads it"),
+    Mistake("only free blocks counted", "every hit block gains a reference, "
+            "also one other requests already hold"),
+    Mistake("removed a block that is not queued", "only a block with "
+            "ref_cnt == 0 sits in the free queue; test before removing"),
+    Mistake("ref_cnt set, not raised", "add one: other requests may hold "
+            "the block too"),
+]
+
+
+def _touch_case():
+    """A free cached block (ref 0, in the queue) and a block two requests hold."""
+    pool, blocks = _hashed_pool(held=4, hashed=(1,), twice=(2,))
+    pool.free_blocks([blocks[1]])  # ref 0, hashed: queued at the tail
+    return pool, blocks[1], blocks[2]
+
+
+def _diagnose_touch(touch) -> str | None:
+    pool, free, held = _touch_case()
+    try:
+        touch(pool, [free, held])
+    except ValueError:
+        return TOUCH_MISTAKES[2].diagnosis()
+    except Exception:  # noqa: BLE001 -- the property's message says what
+        return None
+    if free.prev_free_block is not None or free.block_id in _queue_ids(pool):
+        return TOUCH_MISTAKES[0].diagnosis()
+    if held.ref_cnt == 2:
+        return TOUCH_MISTAKES[1].diagnosis()
+    if held.ref_cnt == 1 or free.ref_cnt != 1:
+        return TOUCH_MISTAKES[3].diagnosis()
+    return None
+
+
+def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
+    """Check ``touch(pool, blocks)``, a prefix hit on the pool."""
+    with Checker("touch", timeout=timeout) as c:
+        c.probe(lambda: touch(_touch_case()[0], []))
+
+        def fixed():
+            pool, free, held = _touch_case()
+            touch(pool, [free, held])
+            problems = []
+            if free.block_id in _queue_ids(pool) or free.prev_free_block:
+                problems.append(f"block {free.block_id} (free, cached) is "
+                                "still in the free queue")
+            if (free.ref_cnt, held.ref_cnt) != (1, 3):
+                problems.append(f"ref_cnt of the free block {free.ref_cnt}, of "
+                                f"the held one {held.ref_cnt}; expected 1 and 3")
+            try:
+                pool.check()
+            except AssertionError as exc:
+                problems.append(f"check() fails: {exc}")
+            if problems:
+                raise WrongAnswer("; ".join(problems), _diagnose_touch(touch))
+
+        c.prop("a free cached block leaves the queue; every ref_cnt rises by "
+               "one", fixed,
+               "if block.ref_cnt == 0: pool.free_block_queue.remove(block); "
+               "then block.ref_cnt += 1 for every block",
+               lambda: _diagnose_touch(touch))
+
+        def trials():
+            def install(m):
+                m.block_pool.touch = lambda blocks: touch(m.block_pool, blocks)
+            for seed in range(seeds):
+                manager_trial(install, seed, diagnose=lambda: _diagnose_touch(touch))
+
+        c.prop(f"{seeds} random scheduler runs with prefix hits match the "
+               "library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_touch(touch))
+    return c.report
+
+
+catalogue(check_touch, TOUCH_MISTAKES)

@@ -1,0 +1,417 @@
+"""Checks for the decisions of exercises/06_copy_on_write.ipynb.
+
+The learner writes three of ``KVCacheManager``'s decisions, as functions of
+the manager:
+
+* ``get_computed_blocks(manager, request) -> (blocks, num_tokens)``: the
+  longest cached prefix in whole blocks, stopping at the first miss, capped
+  so that the last prompt token is recomputed;
+* ``can_allocate(manager, request, num_blocks, num_evictable_hits,
+  has_scheduled_reqs) -> bool``: ``allocate_slots``' capacity test, with the
+  watermark held back for an admission only while other requests are
+  scheduled (vLLM 0.33.0's ``has_scheduled_reqs``);
+* ``redirect_partial_hit(manager, req_blocks, block_idx, cow_block)``: the
+  copy-on-write redirect of a partial hit (the library's ``_apply_cow``).
+
+As for chapter 3's decisions, each function is installed on one instance of
+the real ``KVCacheManager`` and random scheduler runs are compared, after
+every operation, with an untouched manager (``manager_trial``). A
+difference is diagnosed on small fixed cases.
+"""
+
+from __future__ import annotations
+
+from ..kv_cache_manager import KVCacheManager, Request
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
+from .ch03_pool_decisions import manager_trial
+
+__all__ = ["check_get_computed_blocks", "check_can_allocate",
+           "check_redirect_partial_hit"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+# ------------------------------------------------------- get_computed_blocks
+def _cached_manager(prompt, block_size=4, num_blocks=16):
+    """A manager in which a finished request has cached ``prompt``'s full blocks."""
+    m = KVCacheManager(num_blocks, block_size)
+    r = Request("cached", prompt, hash_block_size=block_size)
+    m.allocate_slots(r, len(prompt))
+    r.num_computed_tokens = len(prompt)
+    m.free(r)
+    return m
+
+
+def _lookup_model(m, request, *, cap=-1, skip_misses=False, tokens=True):
+    B = m.block_size
+    blocks = []
+    for i, block_hash in enumerate(request.block_hashes):
+        if (i + 1) * B > request.num_tokens + cap:
+            break
+        block = m.block_pool.get_cached_block(block_hash)
+        if block is None:
+            if skip_misses:
+                continue
+            break
+        blocks.append(block)
+    return _ids(blocks), len(blocks) * B if tokens else len(blocks)
+
+
+LOOKUP_MISTAKES = [
+    Mistake("no -1 cap", "a fully cached prompt must still compute its "
+            "last token (its logits pick the next one): hit at most "
+            "num_tokens - 1 tokens",
+            lambda m, r: _lookup_model(m, r, cap=0)),
+    Mistake("one block too few", "the cap is num_tokens - 1 tokens, not one "
+            "block less: a prompt one token past a cached block boundary "
+            "hits every cached block", lambda m, r: _lookup_model(m, r, cap=-m.block_size)),
+    Mistake("did not stop at the first miss", "the hashes are chained: a "
+            "prefix with a hole in it is not a prefix, stop at the first miss",
+            lambda m, r: _lookup_model(m, r, skip_misses=True)),
+    Mistake("blocks counted, not tokens", "num_tokens is len(blocks) x "
+            "block_size", lambda m, r: _lookup_model(m, r, tokens=False)),
+    Mistake("the lookup touched the blocks", "get_computed_blocks only "
+            "looks; allocate_slots touches the hit when it admits the "
+            "request"),
+]
+
+
+def _lookup_cases():
+    """(manager, request) pairs whose right answers tell the mistakes apart."""
+    p = list(range(1, 13))  # three full blocks of 4
+    cases = [(_cached_manager(p), Request("same", p, hash_block_size=4)),
+             (_cached_manager(p), Request("longer", p + [7], hash_block_size=4))]
+    m = _cached_manager(p)
+    m.block_pool._evict_cached_block(m.block_pool.get_cached_block(
+        Request("x", p, hash_block_size=4).block_hashes[1]))  # a hole at block 1
+    cases.append((m, Request("hole", p + [7], hash_block_size=4)))
+    return cases
+
+
+def _as_answer(result):
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise AssertionError(f"expected (blocks, num_tokens), got "
+                             f"{type(result).__name__} {result!r:.60}")
+    blocks, n = result
+    return _ids(blocks), n
+
+
+def _diagnose_lookup(fn) -> str | None:
+    for m, r in _lookup_cases():
+        before = [b.ref_cnt for b in m.block_pool.blocks]
+        queue = m.block_pool.get_num_free_blocks()
+        try:
+            got = _as_answer(fn(m, r))
+        except Exception:  # noqa: BLE001
+            return None
+        if [b.ref_cnt for b in m.block_pool.blocks] != before or (
+                m.block_pool.get_num_free_blocks() != queue):
+            return LOOKUP_MISTAKES[4].diagnosis()
+        if got != _lookup_model(m, r):
+            for mistake in LOOKUP_MISTAKES[:4]:
+                if got == mistake.model(m, r):
+                    return mistake.diagnosis()
+            return None
+    return None
+
+
+def check_get_computed_blocks(fn, seeds: int = 12,
+                              timeout: float = 30.0) -> CheckReport:
+    """Check ``get_computed_blocks(manager, request) -> (blocks, num_tokens)``."""
+    with Checker("get_computed_blocks", timeout=timeout) as c:
+        c.probe(lambda: fn(*_lookup_cases()[0]))
+
+        def fixed():
+            for (m, r), what in zip(_lookup_cases(), (
+                    "a prompt whose 3 blocks are all cached",
+                    "the same prompt and one token more",
+                    "a prompt whose cached block 1 was evicted")):
+                want = _lookup_model(m, r)
+                got = _as_answer(fn(m, r))
+                if got != want:
+                    raise WrongAnswer(f"{what}: expected blocks {want[0]} and "
+                                      f"{want[1]} tokens, got {got[0]} and "
+                                      f"{got[1]}", _diagnose_lookup(fn))
+
+        c.prop("the longest cached prefix, stopping at the first miss, "
+               "capped at num_tokens - 1", fixed,
+               "walk request.block_hashes while (i + 1) * block_size <= "
+               "num_tokens - 1; manager.block_pool.get_cached_block(h)",
+               lambda: _diagnose_lookup(fn))
+
+        def looks_only():
+            m, r = _lookup_cases()[1]
+            before = [b.ref_cnt for b in m.block_pool.blocks]
+            fn(m, r)
+            if [b.ref_cnt for b in m.block_pool.blocks] != before:
+                raise WrongAnswer("the lookup changed reference counts",
+                                  LOOKUP_MISTAKES[4].diagnosis())
+
+        c.prop("looks without changing anything", looks_only,
+               "do not touch: allocate_slots does that")
+
+        def trials():
+            def install(m):
+                m.get_computed_blocks = lambda request: fn(m, request)
+            for seed in range(seeds):
+                manager_trial(install, seed, aligned=True,
+                              diagnose=lambda: _diagnose_lookup(fn))
+
+        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
+               "library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_lookup(fn))
+    return c.report
+
+
+catalogue(check_get_computed_blocks, LOOKUP_MISTAKES)
+
+
+# -------------------------------------------------------------- can_allocate
+def _fits(m, request, num_blocks, evictable, scheduled, *, side="free",
+          who="admission", when="scheduled", hits=True):
+    admission = request.request_id not in m.req_to_blocks
+    applies = {"admission": admission, "running": not admission,
+               "always": True}[who]
+    if when == "scheduled":
+        applies = applies and scheduled
+    w = m.watermark_blocks if applies else 0
+    need = num_blocks + (evictable if hits else 0)
+    free = m.block_pool.get_num_free_blocks()
+    return need <= free + w if side == "wrong" else need <= free - w
+
+
+CAPACITY_MISTAKES = [
+    Mistake("watermark applied to the wrong side", "the watermark is "
+            "headroom kept free: subtract it from the free blocks (or add "
+            "it to the need), never add it to what is free",
+            lambda *a: _fits(*a, side="wrong")),
+    Mistake("watermark held back from running requests", "it holds back "
+            "admissions (a request with no blocks yet), so that running "
+            "requests can keep growing", lambda *a: _fits(*a, who="running")),
+    Mistake("watermark applied to every request", "only an admission "
+            "(a request that holds no blocks yet) keeps it free",
+            lambda *a: _fits(*a, who="always")),
+    Mistake("watermark applied when nothing else is scheduled", "vLLM "
+            "0.33.0 applies it only when has_scheduled_reqs: a request "
+            "that fits the whole pool runs when alone",
+            lambda *a: _fits(*a, when="any")),
+    Mistake("evictable hits not counted", "touching a hit block nobody "
+            "holds takes it off the free queue: it needs a free block too",
+            lambda *a: _fits(*a, hits=False)),
+    Mistake("< where <= belongs", "using every free block is allowed",
+            lambda m, r, n, e, s: _fits(m, r, n + 1, e, s)),
+]
+
+
+def _capacity_cases():
+    """(manager, request, num_blocks, evictable, scheduled) on a pool of 20, watermark 4."""
+    cases = []
+    for free_target in (10,):
+        m = KVCacheManager(20, 4, watermark=0.2)  # 4 blocks of watermark
+        holder = Request("running", list(range(1, 37)), hash_block_size=4)
+        m.allocate_slots(holder, 36)  # 9 blocks held: 10 free
+        assert m.get_num_free_blocks() == free_target
+        new = Request("new", [1, 2, 3], hash_block_size=4)
+        for n in (5, 6, 7, 10, 11, 14):
+            for e in (0, 1):
+                for s in (True, False):
+                    cases.append((m, new, n, e, s))
+                    cases.append((m, holder, n, e, s))
+    return cases
+
+
+def _diagnose_capacity(fn) -> str | None:
+    cases = _capacity_cases()
+    try:
+        got = [fn(*case) for case in cases]
+    except Exception:  # noqa: BLE001
+        return None
+    for mistake in CAPACITY_MISTAKES:
+        if got == [mistake.model(*case) for case in cases]:
+            return mistake.diagnosis()
+    return None
+
+
+def _expect_bool(value, what):
+    if not isinstance(value, bool):
+        raise AssertionError(f"{what}: expected True or False, got "
+                             f"{type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _install_capacity(fn):
+    def install(m: KVCacheManager) -> None:
+        def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0,
+                           new_computed_blocks=None, num_lookahead_tokens=0,
+                           *, has_scheduled_reqs=None):
+            B, rid = m.block_size, request.request_id
+            hit = list(new_computed_blocks or [])
+            req_blocks = m.req_to_blocks.get(rid, [])
+            computed = request.num_computed_tokens + num_new_computed_tokens
+            required = _cdiv(computed + num_new_tokens + num_lookahead_tokens, B)
+            n = max(required - len(req_blocks) - len(hit), 0)
+            n += bool(hit) and num_new_computed_tokens % B != 0
+            evictable = sum(1 for b in hit if b.ref_cnt == 0)
+            if has_scheduled_reqs is None:
+                has_scheduled_reqs = len(m.req_to_blocks) > (rid in m.req_to_blocks)
+            free = m.get_num_free_blocks()
+            verdict = _expect_bool(fn(m, request, n, evictable, has_scheduled_reqs),
+                                   "can_allocate")
+            if not verdict:
+                return None
+            saved, m.watermark_blocks = m.watermark_blocks, 0
+            try:
+                out = KVCacheManager.allocate_slots(
+                    m, request, num_new_tokens, num_new_computed_tokens, hit,
+                    num_lookahead_tokens, has_scheduled_reqs=has_scheduled_reqs)
+            finally:
+                m.watermark_blocks = saved
+            if out is None:
+                raise WrongAnswer(f"can_allocate said yes to {n} new blocks and "
+                                  f"{evictable} evictable hits with {free} free",
+                                  _diagnose_capacity(fn))
+            return out
+        m.allocate_slots = allocate_slots
+    return install
+
+
+def check_can_allocate(fn, seeds: int = 16, timeout: float = 30.0) -> CheckReport:
+    """Check ``can_allocate(manager, request, num_blocks, num_evictable_hits, has_scheduled_reqs) -> bool``."""
+    with Checker("can_allocate", timeout=timeout) as c:
+        c.probe(lambda: fn(*_capacity_cases()[0]))
+
+        def fixed():
+            for m, r, n, e, s in _capacity_cases():
+                got = _expect_bool(fn(m, r, n, e, s), "can_allocate")
+                want = _fits(m, r, n, e, s)
+                if got != want:
+                    who = "an admission" if r.request_id == "new" else "a running request"
+                    raise WrongAnswer(
+                        f"{who} asking for {n} blocks + {e} evictable hit(s), "
+                        f"10 free, watermark 4, has_scheduled_reqs={s}: "
+                        f"expected {want}, got {got}", _diagnose_capacity(fn))
+
+        c.prop("the watermark holds back admissions, only while others are "
+               "scheduled", fixed,
+               "need = num_blocks + num_evictable_hits; keep "
+               "manager.watermark_blocks free for an admission if "
+               "has_scheduled_reqs")
+
+        def trials():
+            for seed in range(seeds):
+                manager_trial(_install_capacity(fn), seed,
+                              diagnose=lambda: _diagnose_capacity(fn))
+
+        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
+               "library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_capacity(fn))
+    return c.report
+
+
+catalogue(check_can_allocate, CAPACITY_MISTAKES)
+
+
+# ------------------------------------------------------- redirect_partial_hit
+COW_MISTAKES = [
+    Mistake("no redirect", "the shared block must not be written: point "
+            "req_blocks[block_idx] at cow_block"),
+    Mistake("wrong entry redirected", "the partial block is "
+            "req_blocks[block_idx], the hit's last block"),
+    Mistake("the copy's reference missing", "the pending copy holds "
+            "cow_block too: cow_block.ref_cnt += 1 (released when the copy "
+            "is acknowledged)"),
+    Mistake("the source's reference dropped", "the source must live until "
+            "the copy has run: keep the reference the prefix hit took"),
+    Mistake("copy not recorded", "append (source, cow_block) to "
+            "manager._pending_copies, or the worker never copies the "
+            "valid slots"),
+    Mistake("source and destination swapped", "the copy goes from the "
+            "shared block to the private one: (source, cow_block)"),
+]
+
+
+def _cow_case():
+    """A manager, a 3-block table whose last block is shared, and a fresh block."""
+    m = KVCacheManager(12, 4, hash_block_size=2)
+    pool = m.block_pool
+    table = pool.get_new_blocks(3)
+    pool.touch([table[2]])  # the partial block: another request holds it too
+    cow = pool.get_new_blocks(1)[0]
+    return m, table, cow
+
+
+def _diagnose_cow(fn) -> str | None:
+    m, table, cow = _cow_case()
+    source = table[2]
+    before = list(table)
+    try:
+        fn(m, table, 2, cow)
+    except Exception:  # noqa: BLE001
+        return None
+    if table == before:
+        return COW_MISTAKES[0].diagnosis()
+    if table[2] is not cow:
+        return COW_MISTAKES[1].diagnosis()
+    if cow.ref_cnt != 2:
+        return COW_MISTAKES[2].diagnosis()
+    if source.ref_cnt != 2:
+        return COW_MISTAKES[3].diagnosis()
+    pending = m._pending_copies
+    if not pending:
+        return COW_MISTAKES[4].diagnosis()
+    if pending == [(cow, source)]:
+        return COW_MISTAKES[5].diagnosis()
+    return None
+
+
+def check_redirect_partial_hit(fn, seeds: int = 16,
+                               timeout: float = 30.0) -> CheckReport:
+    """Check ``redirect_partial_hit(manager, req_blocks, block_idx, cow_block)``."""
+    with Checker("redirect_partial_hit", timeout=timeout) as c:
+        c.probe(lambda: fn(*_cow_case()[:2], 2, _cow_case()[2]))
+
+        def fixed():
+            m, table, cow = _cow_case()
+            source = table[2]
+            ids = _ids(table)
+            fn(m, table, 2, cow)
+            want = ids[:2] + [cow.block_id]
+            got = (_ids(table), cow.ref_cnt, source.ref_cnt,
+                   [(s.block_id, d.block_id) for s, d in m._pending_copies])
+            expected = (want, 2, 2, [(source.block_id, cow.block_id)])
+            if got != expected:
+                raise WrongAnswer(
+                    f"table {ids}, partial block {source.block_id} shared, "
+                    f"private block {cow.block_id}: (table, cow ref_cnt, "
+                    f"source ref_cnt, pending copies) is {got}, expected "
+                    f"{expected}", _diagnose_cow(fn))
+
+        c.prop("the table points at the private block; both ends are held "
+               "until the copy runs", fixed,
+               "source = req_blocks[block_idx]; req_blocks[block_idx] = "
+               "cow_block; cow_block.ref_cnt += 1; record (source, cow_block)",
+               lambda: _diagnose_cow(fn))
+
+        def trials():
+            def install(m):
+                m._apply_cow = lambda blocks, idx, cow: fn(m, blocks, idx, cow)
+            for seed in range(seeds):
+                manager_trial(install, seed, aligned=False,
+                              diagnose=lambda: _diagnose_cow(fn))
+
+        c.prop(f"{seeds} random scheduler runs with partial prefix hits match "
+               "the library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_cow(fn))
+    return c.report
+
+
+catalogue(check_redirect_partial_hit, COW_MISTAKES)
