@@ -77,12 +77,12 @@ def test_engine_args_defaults_are_vllms_and_map_to_cli_flags():
         (16, None, 0.92, None)
     assert (a.max_num_seqs, a.max_num_batched_tokens, a.enable_prefix_caching, a.enable_chunked_prefill) == \
         (256, 8192, True, True)
-    assert (a.watermark, a.kernel_backend, a.seed) == (0.01, "auto", 0)
+    assert (a.watermark, a.kernel_backend, a.seed) == (0.0, "auto", 0)
     cli = EngineArgs(num_gpu_blocks_override=2048, max_model_len=32768, max_num_seqs=64,
                      enable_prefix_caching=False).to_cli("meta-llama/Llama-3.1-8B-Instruct")
     for flag in ("vllm serve meta-llama/Llama-3.1-8B-Instruct", "--max-model-len 32768", "--block-size 16",
                  "--num-gpu-blocks-override 2048", "--max-num-seqs 64", "--no-enable-prefix-caching",
-                 "--enable-chunked-prefill", "--gpu-memory-utilization 0.92", "--watermark 0.01"):
+                 "--enable-chunked-prefill", "--gpu-memory-utilization 0.92", "--watermark 0.0"):
         assert flag in cli
     assert "kernel" not in cli and "None" not in cli
     table = {f: flag for f, flag, _ in a.cli_table()}

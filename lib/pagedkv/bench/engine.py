@@ -185,6 +185,20 @@ def seed_experiment(model: Model, backend: str, sweep_model: Model | None = None
                 sweep_scale=scale, sweep=sweep)
 
 
+def seed_experiment_on_gpu(say=print) -> dict | None:
+    """Chapter 8's GPU cell: the seed's experiment with the 8B-shaped model, compiled kernels."""
+    if not pagedkv.on_gpu():
+        say("This cell needs a GPU: the 8B-shaped model has 8 billion parameters.")
+        return None
+    model = Model(ModelConfig.preset("llama-3-8b"), seed=0, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    result = seed_experiment(model, "triton", max_tokens=100, say=say)
+    say(f"{time.perf_counter() - t0:.1f} s in all on {torch.cuda.get_device_name(0)}")
+    del model
+    torch.cuda.empty_cache()
+    return result
+
+
 def view_cost(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, batch: int, say=print) -> dict:
     """A live view's cost: the time its redraws took as a fraction of the run, and step times with and without."""
     from pagedkv.widgets import BlockPoolView, BlockTableView

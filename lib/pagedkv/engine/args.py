@@ -112,7 +112,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    watermark: float = 0.01
+    watermark: float = 0.0  # vLLM 0.33.0: SchedulerConfig.watermark defaults to 0.0 (off)
     kv_cache_memory: int | None = None
     prefix_match_unit: int | None = None
     kernel_backend: str = "auto"

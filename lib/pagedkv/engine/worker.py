@@ -52,6 +52,7 @@ class Worker:
         self.block_size = block_size
         self.kernel_backend = kernel_backend
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.last_metadata = None  # the AttentionMetadata of the latest step
         self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
@@ -146,6 +147,7 @@ class Worker:
             seq_lens=torch.from_numpy((starts + q_lens).astype(np.int32)).to(dev),
             query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
         )
+        self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
         hidden = self.model.forward(input_ids, torch.from_numpy(positions).to(dev), self.kv_caches, meta,
                                     kernel_backend=self.kernel_backend)
