@@ -6,11 +6,15 @@ Three ways to size the pool, in vLLM's order of precedence:
 2. ``kv_cache_memory`` bytes (vLLM's ``kv_cache_memory_bytes``), or on a
    machine without a GPU 1 GiB, divided into blocks as ``pagedkv.budget``
    does (page bytes per layer, then layers: two floors).
-3. On a GPU, profiling, as vLLM V1's ``determine_available_memory``: the
-   weights are already loaded, a forward pass at ``max_num_batched_tokens``
-   measures the activation peak, and the pool is what is left of
-   ``total x gpu_memory_utilization`` after everything already in use
-   (weights, other processes, the CUDA context) and that peak.
+3. On a GPU, profiling, as vLLM 0.33.0's worker does: the instance's budget
+   is ``requested = ceil(total x gpu_memory_utilization)``, a share of the
+   *total*; it refuses to start when less than that was free before its
+   weights were loaded; the pool is ``requested`` minus what this instance
+   itself uses: its weights and the activation peak of a forward pass at
+   ``max_num_batched_tokens``. Memory other processes hold is not subtracted
+   (vLLM measures its own use as differences from a startup snapshot); it
+   only has to fit beside the budget. ``pagedkv.budget.pool_from_free_memory``
+   is the same rule with estimated sizes.
 
 The startup check is chapter 1's (``pagedkv.budget.check_enough_kv_cache_memory``),
 run on the *usable* pool: the null block is held back, as vLLM 0.33 does, so
@@ -19,6 +23,7 @@ run on the *usable* pool: the null block is held back, as vLLM 0.33 does, so
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,9 +130,17 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
         torch.cuda.synchronize(model.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(model.device)
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        requested = math.ceil(total * args.gpu_memory_utilization)
+        if free + weights < requested:  # what was free before the weights were loaded
+            raise ValueError(
+                f"Free memory on device ({(free + weights) / budget.GiB:.2f}/{total / budget.GiB:.2f} GiB) "
+                f"on startup is less than desired GPU memory utilization ({args.gpu_memory_utilization}, "
+                f"{requested / budget.GiB:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory "
+                "used by other processes.")
         activation = profile_activation_bytes(model, args, max_model_len, kernel_backend)
-        # Everything in use before profiling (weights, other processes, the context) counts against the budget.
-        pool = budget.kv_pool_bytes(total, args.gpu_memory_utilization, total - free, activation)
+        # Only this instance's own use counts against its budget (vLLM 0.33.0).
+        pool = budget.kv_pool_bytes(total, args.gpu_memory_utilization, weights, activation)
         source = "profiled"
     n = budget.num_gpu_blocks(pool, spec, B, dtype)
     if n < 2:
