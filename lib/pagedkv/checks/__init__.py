@@ -16,3 +16,4 @@ from .ch07_paged_attention import *  # noqa: F401,F403
 from .ch03_pool_decisions import *  # noqa: F401,F403
 from .ch06_manager_decisions import *  # noqa: F401,F403
 from .ch08_serving_engine import *  # noqa: F401,F403
+from ._harness import print_mistakes  # noqa: F401

@@ -82,8 +82,8 @@ def _float_blocks(total, util, w, n, m, bs, db, *, pool=None, page=None,
 
 POOL_MISTAKES = [
     Mistake("rounded total", "81,559 MiB is 79.647 GiB; rounded to 79.65 it "
-            "is 2.6 MiB too much, one block here (26,786): keep the exact "
-            "MiB", lambda T, *r: _float_blocks(round(T / 1024, 2) * 1024, *r)),
+            "is 2.6 MiB too much, and the reference setup gets 26,786 blocks "
+            "instead of 26,785: keep the exact MiB", lambda T, *r: _float_blocks(round(T / 1024, 2) * 1024, *r)),
     Mistake("utilization applied after subtracting", "vLLM takes the "
             "fraction of the whole GPU, then subtracts weights and non-KV "
             "memory (27,644 is (total - weights - non-KV) x 0.92)",
