@@ -7,15 +7,13 @@ so the solution the site shows is the one these tests run.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import json
-import tempfile
 from pathlib import Path
 
 import torch
 
 import pagedkv  # noqa: F401  -- fixes the Triton mode before the solution's kernel is defined
 from pagedkv import checks
+from pagedkv._notebooks import load_cell_function
 from pagedkv.kernels import paged_attention_ref
 
 SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "07_paged_attention.ipynb"
@@ -23,16 +21,7 @@ SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "07_paged_attenti
 
 @functools.cache
 def solution_decode_attention():
-    """Import the solution cell as a module: @triton.jit reads its function's source file."""
-    cells = json.loads(SOLUTION.read_text())["cells"]
-    src = next("".join(c["source"]) for c in cells
-               if c["cell_type"] == "code" and "def decode_attention" in "".join(c["source"]))
-    path = Path(tempfile.mkdtemp()) / "solution_07.py"
-    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
-    spec = importlib.util.spec_from_file_location("solution_07", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.decode_attention
+    return load_cell_function(SOLUTION, "decode_attention")
 
 
 def lines(report):

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from pagedkv import checks
+from pagedkv._notebooks import load_cell_function
 from pagedkv.checks import ch08_serving_engine as ch08
 from pagedkv.engine import preempt_last_running
 
@@ -23,13 +23,7 @@ SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "08_serving_engin
 
 @functools.cache
 def solution_loop():
-    cells = json.loads(SOLUTION.read_text())["cells"]
-    src = next("".join(c["source"]) for c in cells
-               if c["cell_type"] == "code" and "def allocate_with_preemption" in "".join(c["source"]))
-    assert "NotImplementedError" not in src
-    namespace: dict = {}
-    exec(compile(src, "solution_08", "exec"), namespace)
-    return namespace["allocate_with_preemption"]
+    return load_cell_function(SOLUTION, "allocate_with_preemption")
 
 
 def failures(report) -> list[str]:

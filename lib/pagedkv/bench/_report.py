@@ -30,6 +30,16 @@ whose speed says nothing about a GPU, so no CPU timing appears here.
 """
 
 
+def merge_section(path: str, name: str, section: dict) -> None:
+    """Merge one benchmark's figures into the JSON report (one key per benchmark)."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        report = {}
+    report[name] = section
+    Path(path).write_text(json.dumps(report, indent=1))
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}"
 

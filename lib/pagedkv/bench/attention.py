@@ -24,6 +24,7 @@ import torch
 
 import pagedkv
 from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
+from pagedkv.bench._report import merge_section
 from pagedkv.budget import gpu_for_device_name
 from pagedkv.kernels.attention import _launch, paged_attention, paged_attention_ref, paginate, plan_attention
 
@@ -151,21 +152,9 @@ def main(argv: list[str]) -> int:
                   copy_ceiling_gbps=copy_gbps, peak_gbps=peak, rows=rows + blocks + [one, split],
                   split_speedup=speedup)
     if args.json:
-        _write_section(args.json, "attention", report)
+        merge_section(args.json, "attention", report)
         print(f"figures written to {args.json}")
     return 0
-
-
-def _write_section(path: str, name: str, section: dict) -> None:
-    """Merge one benchmark's figures into the JSON report (one key per benchmark)."""
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except FileNotFoundError:
-        report = {}
-    report[name] = section
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
 
 
 def _committed_report() -> dict | None:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import time
 
 import torch
 
 import pagedkv
+from pagedkv.bench._report import merge_section
 from pagedkv.engine import EngineArgs, LLMEngine
 from pagedkv.engine.sizing import determine_num_blocks
 from pagedkv.model import Model, ModelConfig
@@ -234,18 +234,6 @@ def view_cost(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, 
                 draw_share=share, redraws=redraws)
 
 
-def _write_section(path: str, name: str, section: dict) -> None:
-    """Merge this benchmark's figures into the JSON report (one key per benchmark)."""
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except FileNotFoundError:
-        report = {}
-    report[name] = section
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-
-
 def run(say=print) -> dict:
     """Run everything for this machine; print lines through ``say`` and return the figures."""
     lines: list[str] = []
@@ -295,7 +283,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     report = run()
     if args.json:
-        _write_section(args.json, "engine", report)
+        merge_section(args.json, "engine", report)
         print(f"figures written to {args.json}")
     return 0
 

@@ -327,9 +327,8 @@ KV_MISTAKES = [
 
 
 def _diagnose_kv(got_k, got_v, key, value, slots) -> str | None:
-    bs = got_k.shape[1]
+    """Name the mistake the key cache shows (the value cache repeats the key's)."""
     flat_k = got_k.reshape(-1, *got_k.shape[2:])
-    flat_v = got_v.reshape(-1, *got_v.shape[2:])
     real = [(t, s) for t, s in enumerate(slots.tolist()) if s >= 0]
     if not real:
         return None
@@ -344,7 +343,6 @@ def _diagnose_kv(got_k, got_v, key, value, slots) -> str | None:
         return KV_MISTAKES[3].diagnosis()
     if all(torch.allclose(flat_k[s].float(), key[t].float(), rtol=1e-2, atol=1e-2) for t, s in real):
         return KV_MISTAKES[4].diagnosis()
-    del bs
     return None
 
 
