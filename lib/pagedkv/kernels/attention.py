@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .._device import INTERPRETED, on_gpu, require_kernel_device
+from .slot_mapping import check_tensor_args
 
 __all__ = [
     "paged_attention",
@@ -206,16 +207,7 @@ def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
     """
     named = {"q": q, "key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
              "seq_lens": seq_lens, "query_start_loc": query_start_loc}
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type == "meta":
-            raise ValueError(f"{name} is on the meta device: it has no data to read")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    devices = {str(t.device) for t in named.values()}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
+    check_tensor_args(named)
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
     if key_cache.dim() != 4:

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
-from .slot_mapping import refuse_meta_tensor
+from .slot_mapping import check_tensor_args
 
 __all__ = ["reshape_and_cache", "reshape_and_cache_ref", "KV_DTYPES"]
 
@@ -51,15 +51,7 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Check everything the kernel trusts, before it runs (see the package docstring)."""
     named = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
              "slot_mapping": slot_mapping}
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        refuse_meta_tensor(t, name)
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    devices = {str(t.device) for t in named.values()}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
+    check_tensor_args(named)
     if key.dim() != 3:
         raise ValueError(f"key must be [num_tokens, num_kv_heads, head_dim], got shape {tuple(key.shape)}")
     if value.shape != key.shape:

@@ -43,6 +43,19 @@ def refuse_meta_tensor(tensor: torch.Tensor, name: str) -> None:
         )
 
 
+def check_tensor_args(named: dict) -> None:
+    """The checks every kernel wrapper starts with: tensors, with data, contiguous, on one device."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        refuse_meta_tensor(t, name)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    devices = {str(t.device) for t in named.values()}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
+
+
 @triton.jit
 def _slot_mapping_kernel(
     block_table_ptr,  # [num_rows, max_blocks] int32, row-major
