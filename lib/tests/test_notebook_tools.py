@@ -107,6 +107,21 @@ def test_run_plain_skips_only_live_views_that_need_jupyter(tmp_path):
     assert _notebooks.run_plain([str(path)]) == 1
 
 
+def test_run_plain_skips_a_comparison_whose_reference_package_is_missing(tmp_path, capsys):
+    # A bare GPU machine has no transformers; the cell that compares with it is skipped, said so.
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("raise ImportError(\"No module named 'transformers'\")")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="identical tokens: True\n")]
+    nb.cells = [cell]
+    path = tmp_path / "ref.ipynb"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 0
+    assert "lacks" in capsys.readouterr().out
+    cell.source = "raise ImportError(\"No module named 'pagedkv_missing'\")"  # anything else still fails
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 1
+
+
 def test_normalise_merges_stream_chunks_so_reruns_do_not_diff():
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("print('a'); print('b')")
