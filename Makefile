@@ -9,11 +9,12 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-notebooks test-book execute gpu lab clean
+.PHONY: help install book test test-lib test-notebooks test-book test-site execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
 	@echo "make test      everything CI runs: library tests, nbval on every notebook, the book build"
+	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
 	@echo "make execute   re-execute every notebook in place on this machine"
 	@echo "make gpu       on a CUDA machine: tests, notebooks and benchmarks on the GPU"
 	@echo "make lab       open JupyterLab on the book"
@@ -45,6 +46,13 @@ test-book: $(STAMP)
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	$(PY) -m pagedkv._notebooks check-site
+
+# Every page of _build/html in headless Chromium at 1280x900 (Debian's
+# `chromium`; .ci/run installs it): script errors, requests, boxes wider than
+# the column, empty views, the replay stepping, the checker marks. Screenshots
+# go to _build/screenshots/. Run after test-book (or book).
+test-site: $(STAMP)
+	$(PY) -m pagedkv._site_check _build/html --screenshots _build/screenshots
 
 execute: $(STAMP)
 	$(PY) -m pagedkv._notebooks execute $(NOTEBOOKS)

@@ -45,6 +45,29 @@ Public API (stable; chapters 3-5 use it)
 Both views' rich display carries a ``text/html`` static rendering next to the
 widget, so a page built from the executed notebook shows the picture.
 ipywidgets is optional: without it the views display their static HTML.
+
+Sizes. Every static rendering fits the site's 688-px column: the pool picture
+draws 10 blocks a row (about 600 px) with its key wrapped, and any wider one
+(``columns=``) scales down (a ``viewBox`` and ``max-width:100%``); block tables
+wider than the column are cut into bands of columns stacked one under another.
+
+Untrusted notebooks. A notebook opened in JupyterLab before it runs shows its
+``text/html`` outputs through JupyterLab's sanitizer, which drops ``<svg>``
+(keeping its text), ``<script>`` and ``<style>``; an ``image/svg+xml`` entry
+would not help, since JupyterLab renders no SVG output of an untrusted notebook
+at all. So the static renderings degrade inside the HTML itself:
+
+- the pool picture's ``<svg>`` carries, in its ``<desc>``, a plain-HTML twin
+  (one styled ``<span>`` per block with the same colours, labels and tooltip,
+  then the free queue and a key). A browser never draws a ``<desc>``; where
+  the sanitizer strips the SVG, the twin is what remains, and the SVG's own
+  labels, left behind as bare text, stay invisible in the ``font-size:0``
+  wrapper (the picture itself sets its own sizes);
+- block tables are plain HTML with inline styles, which the sanitizer keeps;
+- the replay shows frame 0 and hides the others with a ``<style>``; its
+  controls carry ``hidden`` until the script shows them. Sanitized (no script,
+  no style), every frame shows, stacked in order with its caption, and no
+  dead button is left.
 """
 
 from __future__ import annotations
@@ -278,21 +301,55 @@ def _fit(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "\u2026"
 
 
-def _legend(x: int, y: int) -> tuple[str, int]:
-    items = [
-        (COLORS["null"], "null block", {}),
-        (owner_color("A"), "in use (owner, ref_cnt)", {}),
-        ("#ffffff", "in use, shared (ref_cnt > 1)", {"border": COLORS["shared"], "border_width": 3}),
-        (COLORS["free"], "free, no hash", {}),
-        (COLORS["cached"], "free, cached (evictable)", {"dashed": True, "hashed": True}),
-    ]
-    parts, cx = [], x
-    for fill, text, extra in items:
-        parts.append(_cell_svg(cx, y, 14, 14, fill, [], **extra))
-        parts.append(f"<text x='{cx + 19}' y='{y + 11}' font-size='11' fill='#212529' "
+_LEGEND = [
+    (COLORS["null"], "null block", {}),
+    (owner_color("A"), "in use (owner, ref_cnt)", {}),
+    ("#ffffff", "in use, shared (ref_cnt > 1)", {"border": COLORS["shared"], "border_width": 3}),
+    (COLORS["free"], "free, no hash", {}),
+    (COLORS["cached"], "free, cached (evictable)", {"dashed": True, "hashed": True}),
+]
+
+
+def _legend(x: int, y: int, width: int) -> tuple[str, int]:
+    """The colour key, wrapped onto as many lines as ``width`` needs; returns (svg, height)."""
+    parts, cx, cy = [], x, y
+    for fill, text, extra in _LEGEND:
+        item_w = 24 + 7 * len(text)
+        if cx > x and cx + item_w > x + width:
+            cx, cy = x, cy + 20
+        parts.append(_cell_svg(cx, cy, 14, 14, fill, [], **extra))
+        parts.append(f"<text x='{cx + 19}' y='{cy + 11}' font-size='11' fill='#212529' "
                      f"style='{_FONT}'>{_esc(text)}</text>")
-        cx += 24 + 7 * len(text)
-    return "".join(parts), cx
+        cx += item_w
+    return "".join(parts), cy - y + 20
+
+
+# The plain-HTML twin of a pool picture (see "Untrusted notebooks" in the module docstring).
+_HTML_FONT = "font-family:monospace;font-size:11px;line-height:1.3;color:#212529"
+
+
+def _fallback_cell(cell: BlockCell, highlight: bool) -> str:
+    look = _block_look(cell)
+    border = f"{look.get('border_width', 1):g}px {'dashed' if look.get('dashed') else 'solid'} " \
+             f"{look.get('border', COLORS['border'])}"
+    label = " ".join(line for line in look["lines"][1:] if line)
+    return (f"<span title='{_esc(look['tooltip'])}' style='display:inline-block;width:50px;margin:1px;"
+            f"padding:1px 0;text-align:center;vertical-align:top;border-radius:3px;border:{border};"
+            f"background:{look['fill']};color:{look.get('text_color', '#212529')}"
+            f"{';box-shadow:0 0 0 2px ' + COLORS['highlight'] if highlight else ''}'>"
+            f"<b>{cell.block_id}</b><br>{_esc(label) or '&nbsp;'}</span>")
+
+
+def _pool_fallback(heading: str, cells: Sequence[BlockCell], queue: Sequence[KVCacheBlock | None],
+                   highlight: set[int]) -> str:
+    """The pool as plain HTML: what an untrusted notebook shows where it strips the SVG."""
+    ids = " ".join("\u2026" if b is None else str(b.block_id) + ("*" if b.block_hash is not None else "")
+                   for b in queue)
+    return (f"<div style='{_HTML_FONT};max-width:640px;white-space:normal'><div><b>{_esc(heading)}</b></div>"
+            f"<div>{''.join(_fallback_cell(c, c.block_id in highlight) for c in cells)}</div>"
+            f"<div>free queue from its head: {_esc(ids) or '(empty)'} (* = cached)</div>"
+            f"<div style='color:#495057'>grey: null block; coloured: in use (owner, ref_cnt; purple border: "
+            f"shared); white: free; amber, dashed: free but cached (evictable); qN: free-queue position</div></div>")
 
 
 def render_pool(pool: BlockPool, owners: Owners = None, title: str | None = None,
@@ -309,10 +366,10 @@ def render_pool(pool: BlockPool, owners: Owners = None, title: str | None = None
     highlight = set(highlight)
     queue = pool.free_block_queue.get_all_free_blocks()
     n = pool.num_gpu_blocks
-    cols = columns or min(n, 16)
+    cols = columns or min(n, 10)
     rows = -(-len(cells) // cols)
     pad = 8
-    width = max(pad * 2 + cols * (_CELL_W + _GAP), 640)
+    width = max(pad * 2 + cols * (_CELL_W + _GAP), 600)
     parts: list[str] = []
     y = pad
     num_cached = sum(1 for b in queue if b.block_hash is not None)
@@ -354,13 +411,17 @@ def render_pool(pool: BlockPool, owners: Owners = None, title: str | None = None
     if not queue:
         parts.append(f"<text x='{pad}' y='{y + 15}' font-size='11' fill='#868e96' style='{_FONT}'>(empty)</text>")
     y += qh + 12
-    legend, legend_w = _legend(pad, y)
+    legend, legend_h = _legend(pad, y, width - 2 * pad)
     parts.append(legend)
-    y += 22
-    width = max(width, legend_w + pad)
-    return (f"<div class='pagedkv-pool' style='overflow-x:auto'><svg xmlns='http://www.w3.org/2000/svg' "
-            f"width='{width}' height='{y}' viewBox='0 0 {width} {y}' role='img' "
-            f"aria-label='{_esc(heading)}'>{''.join(parts)}</svg></div>")
+    y += legend_h + 2
+    # font-size:0 on the wrapper: where a sanitizer strips the SVG, its labels
+    # would spill out as a run of text; they stay invisible, and the HTML twin
+    # in <desc> (never drawn while the SVG stands) shows instead.
+    return (f"<div class='pagedkv-pool' style='font-size:0;line-height:0'>"
+            f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{y}' "
+            f"viewBox='0 0 {width} {y}' style='max-width:100%;height:auto' role='img' "
+            f"aria-label='{_esc(heading)}'><rect width='{width}' height='{y}' fill='#ffffff'/>{''.join(parts)}"
+            f"<desc>{_pool_fallback(heading, cells, shown, highlight)}</desc></svg></div>")
 
 
 def _normalise_rows(rows) -> list[tuple[str, list[int]]]:
@@ -372,6 +433,10 @@ def _normalise_rows(rows) -> list[tuple[str, list[int]]]:
     return out
 
 
+_COLUMN_PX = 680  # the site's text column is 688 px wide at a 1280-px window
+_MONO_PX = 7.3  # the width of one character of 12-px monospace text
+
+
 def render_block_table(rows, pool: BlockPool | None = None, title: str | None = None,
                        max_columns: int = 32) -> str:
     """Block tables as an HTML table: one row per request, one cell per logical block.
@@ -381,6 +446,12 @@ def render_block_table(rows, pool: BlockPool | None = None, title: str | None = 
     in ``render_pool``); a block that appears in more than one row (or, given
     ``pool``, has ``ref_cnt > 1``) gets the purple "shared" border; block 0 is
     the null block. Given ``pool``, a hashed block gets the corner mark.
+
+    At most ``max_columns`` logical blocks per row are shown (then "... +N").
+    Wider tables are cut into bands of columns stacked one under the other
+    (logical blocks 0-13, then 14-27, ...), as many columns per band as fit a
+    680-px column, so the table never needs a horizontal scrollbar. Plain
+    HTML with inline styles only: it reads the same in an untrusted notebook.
     """
     table = _normalise_rows(rows)
     count: dict[int, int] = {}
@@ -389,34 +460,50 @@ def render_block_table(rows, pool: BlockPool | None = None, title: str | None = 
             count[b] = count.get(b, 0) + 1
     width = max((len(ids) for _, ids in table), default=0)
     shown = min(width, max_columns)
-    cell = "padding:2px 6px;text-align:center;border-radius:3px;min-width:28px"
-    head = "".join(f"<th style='font-weight:normal;color:#868e96;{_FONT};font-size:11px'>{j}</th>"
-                   for j in range(shown))
-    if width > shown:
-        head += "<th></th>"
-    body = []
-    for name, ids in table:
-        tds = []
-        for b in ids[:shown]:
-            shared = count[b] > 1 or (pool is not None and 0 < b < pool.num_gpu_blocks and pool.blocks[b].ref_cnt > 1)
-            if b == 0:
-                style = f"background:{COLORS['null']};color:#fff;border:1px solid {COLORS['border']}"
-            else:
-                border = f"3px solid {COLORS['shared']}" if shared else f"1px solid {COLORS['border']}"
-                style = f"background:{owner_color(name)};border:{border}"
-            hashed = (pool is not None and 0 <= b < pool.num_gpu_blocks and pool.blocks[b].block_hash is not None)
-            mark = "<sup style='font-size:8px'>\u25e5</sup>" if hashed else ""
-            tip = "null block" if b == 0 else ("shared" if shared else "")
-            tds.append(f"<td title='{_esc(tip)}' style='{cell};{style};{_FONT};font-size:12px'>{b}{mark}</td>")
-        if len(ids) > shown:
-            tds.append(f"<td style='color:#868e96;{_FONT};font-size:11px'>\u2026 +{len(ids) - shown}</td>")
-        body.append(f"<tr><th style='text-align:right;padding-right:8px;{_FONT};font-size:12px'>"
-                    f"{_esc(name)}</th>{''.join(tds)}</tr>")
-    caption = (f"<caption style='caption-side:top;text-align:left;font-weight:bold;{_FONT};font-size:13px'>"
-               f"{_esc(title)}</caption>") if title else ""
-    return (f"<div class='pagedkv-block-table' style='overflow-x:auto'><table style='border-collapse:separate;"
-            f"border-spacing:3px'>{caption}<thead><tr><th style='{_FONT};font-size:11px;color:#868e96'>"
-            f"request \\ logical block</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+    # Column widths, from the longest id and the longest name (monospace text).
+    digits = max((len(str(b)) for _, ids in table for b in ids[:shown]), default=1)
+    cell_px = max(24, round(digits * _MONO_PX) + 4) + 4 + 6 + 3  # text, padding, borders, spacing
+    name_px = round(max((len(name) for name, _ in table), default=1) * _MONO_PX) + 14
+    corner = "request \\ block"
+    name_px = max(name_px, round(len(corner) * 6.6) + 8)
+    band = max(4, (_COLUMN_PX - name_px - 40) // cell_px)  # 40: the "... +N" cell of the last band
+    cell = "padding:2px 2px;text-align:center;border-radius:3px;min-width:24px"
+    head_style = f"font-weight:normal;color:#868e96;{_FONT};font-size:11px"
+    bands = []
+    for lo in range(0, max(shown, 1), band):
+        hi = min(lo + band, shown)
+        last = hi >= shown
+        head = "".join(f"<th style='{head_style}'>{j}</th>" for j in range(lo, hi))
+        if last and width > shown:
+            head += "<th></th>"
+        body = []
+        for name, ids in table:
+            tds = []
+            for b in ids[lo:hi]:
+                shared = count[b] > 1 or (pool is not None and 0 < b < pool.num_gpu_blocks
+                                          and pool.blocks[b].ref_cnt > 1)
+                if b == 0:
+                    style = f"background:{COLORS['null']};color:#fff;border:1px solid {COLORS['border']}"
+                else:
+                    border = f"3px solid {COLORS['shared']}" if shared else f"1px solid {COLORS['border']}"
+                    style = f"background:{owner_color(name)};border:{border}"
+                hashed = (pool is not None and 0 <= b < pool.num_gpu_blocks
+                          and pool.blocks[b].block_hash is not None)
+                mark = "<sup style='font-size:8px'>\u25e5</sup>" if hashed else ""
+                tip = "null block" if b == 0 else ("shared" if shared else "")
+                tds.append(f"<td title='{_esc(tip)}' style='{cell};{style};{_FONT};font-size:12px'>{b}{mark}</td>")
+            if last and len(ids) > shown:
+                tds.append(f"<td style='color:#868e96;{_FONT};font-size:11px'>\u2026 +{len(ids) - shown}</td>")
+            body.append(f"<tr><th style='text-align:right;padding-right:8px;{_FONT};font-size:12px'>"
+                        f"{_esc(name)}</th>{''.join(tds)}</tr>")
+        if not table:
+            body.append(f"<tr><td style='color:#868e96;{_FONT};font-size:12px'>(no requests hold blocks)</td></tr>")
+        bands.append(f"<table style='border-collapse:separate;border-spacing:3px;margin:0 0 4px 0'>"
+                     f"<thead><tr><th style='{_FONT};font-size:11px;color:#868e96;min-width:{name_px - 8}px;"
+                     f"text-align:right'>{corner}</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    caption = (f"<div style='text-align:left;font-weight:bold;{_FONT};font-size:13px'>{_esc(title)}</div>"
+               if title else "")
+    return f"<div class='pagedkv-block-table'>{caption}{''.join(bands)}</div>"
 
 
 # ---------------------------------------------------------------- live views
@@ -756,7 +843,7 @@ class TraceRecorder:
 _replay_counter = itertools.count(1)
 
 _PLAYER_JS = """(function(){var r=document.getElementById('%(id)s');if(!r)return;
-var f=r.querySelectorAll('.pkv-frame'),s=r.querySelector('input'),c=r.querySelector('.pkv-step'),
+r.querySelector('.pkv-controls').hidden=false;var f=r.querySelectorAll('.pkv-frame'),s=r.querySelector('input'),c=r.querySelector('.pkv-step'),
 p=r.querySelector('.pkv-play'),i=0,t=null;
 function show(k){i=Math.max(0,Math.min(f.length-1,k));for(var j=0;j<f.length;j++)
 f[j].style.display=j===i?'block':'none';s.value=i;c.textContent=(i+1)+' / '+f.length;}
@@ -774,12 +861,16 @@ def replay_html(frames: Sequence[Frame], title: str | None = None) -> str:
     Inline SVG and a few lines of inline JavaScript: no CDN, no network. The
     DOM id comes from a counter and a hash of the content, never at random,
     so re-executing a notebook gives the same output. Without JavaScript the
-    first frame shows.
+    first frame shows (a ``<style>`` hides the others). Where a sanitizer
+    strips both the script and the style (an untrusted notebook), every frame
+    shows, stacked in order with its caption, and the controls, which would
+    do nothing there, stay hidden.
     """
     if not frames:
         raise ValueError("replay_html needs at least one frame, got 0")
+    first = " style='display:block'"
     body = "".join(
-        f"<div class='pkv-frame' style='display:{'block' if i == 0 else 'none'}'>"
+        f"<div class='pkv-frame'{first if i == 0 else ''}>"
         f"<div style='{_FONT};font-size:12px;margin:4px 0'><b>step {i}</b>: {_esc(fr.caption)}</div>"
         f"{fr.html}</div>"
         for i, fr in enumerate(frames)
@@ -789,16 +880,18 @@ def replay_html(frames: Sequence[Frame], title: str | None = None) -> str:
     button = ("style='font-size:12px;padding:1px 8px;margin-right:4px;cursor:pointer' type='button'")
     heading = f"<div style='{_FONT};font-weight:bold;font-size:13px'>{_esc(title)}</div>" if title else ""
     controls = (
-        f"<div style='margin:4px 0;{_FONT};font-size:12px'>"
+        f"<div class='pkv-controls' hidden style='margin:4px 0;{_FONT};font-size:12px'>"
         f"<button class='pkv-prev' {button}>\u25c0 prev</button>"
         f"<button class='pkv-play' {button}>\u25b6 play</button>"
         f"<button class='pkv-next' {button}>next \u25b6</button>"
         f"<input type='range' min='0' max='{len(frames) - 1}' value='0' step='1' "
-        f"style='vertical-align:middle;width:240px' aria-label='step'/> "
+        f"style='vertical-align:middle;width:240px;max-width:40%' aria-label='step'/> "
         f"<span class='pkv-step'>1 / {len(frames)}</span></div>"
     )
+    hide = f"<style>#{dom_id} .pkv-frame{{display:none}}</style>"
     script = _PLAYER_JS % {"id": dom_id}
-    return f"<div class='pagedkv-replay' id='{dom_id}'>{heading}{controls}{body}</div><script>{script}</script>"
+    return (f"<div class='pagedkv-replay' id='{dom_id}'>{heading}{controls}{body}{hide}</div>"
+            f"<script>{script}</script>")
 
 
 class Replay:

@@ -1,0 +1,591 @@
+"""Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
+
+    python -m pagedkv._site_check [_build/html] [--screenshots DIR] [--only PAGE...]
+
+Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
+headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
+window and drives it over the Chrome DevTools Protocol (a small client on
+``websocket-client``). Each page is loaded, every ``<details>`` is opened (so
+hidden solutions and outputs are measured too), a screenshot of the whole page
+goes to ``_build/screenshots/<page>.png``, and the page fails for:
+
+* **console**: a ``console.error``/``console.assert`` message, or a browser log
+  entry of level error (a blocked or failed resource, a CSP violation);
+* **script error**: an uncaught exception or unhandled rejection;
+* **request**: a request that failed (network error or HTTP status >= 400), or
+  any request to a host other than 127.0.0.1 (``data:`` and ``blob:`` URLs stay
+  on the machine). The browser also maps every other host name to nowhere
+  (``--host-resolver-rules``), so nothing can leave the machine even by mistake.
+  The browser's own probe for ``/favicon.ico`` at the server's root is not
+  the page's request and is ignored (the book has no favicon);
+* **image**: an ``<img>`` that did not load (``naturalWidth`` 0);
+* **empty**: a block view (``.pagedkv-pool``, ``.pagedkv-block-table``,
+  ``.pagedkv-replay``) or a figure (an ``<img>`` in a cell output or a
+  ``<figure>``) drawn with no area, or a pool view with no picture, a block
+  table with no cells, a replay with no frames;
+* **too wide**: a box wider than its room, measured inside the page's article
+  column (``article.bd-article``; 688 px wide at this window size):
+
+  - a *scroll box*: any element whose computed ``overflow-x`` is not
+    ``visible`` (so it clips or scrolls: ``div.highlight pre``, output areas,
+    the theme's table wrappers, ``pre`` in tracebacks...) with
+    ``scrollWidth > clientWidth + 1``: its content needs a horizontal
+    scrollbar, or is cut off;
+  - a *sticking-out box*: a ``pre``, ``table``, ``img``, ``svg``, ``figure``,
+    ``.cell_output`` or block view whose border box extends more than 1 px
+    past the column's content box (and which no scroll box above it already
+    accounts for).
+
+  One box is reported once, at its outermost offending element;
+* **replay**: a trace replay whose *next* button, clicked with the mouse (CDP
+  ``Input.dispatchMouseEvent`` at its centre), does not change the frame shown
+  and the step counter;
+* **marks**: a checker mark (the ✅ and ❌ that ``pagedkv.checks`` prints) that
+  renders with zero width or without colour (a blank box or a missing glyph):
+  the mark is drawn onto a canvas in the element's own font stack and must
+  produce saturated pixels.
+
+``run()`` returns one ``PageResult`` per page; ``main()`` prints each failure as
+``page: kind: detail`` and exits 1 if any. For the book it also insists that
+the checks that look for something found it (pool views, block tables, a
+replay, figures, checker marks), so a renamed class cannot turn a check off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+WINDOW = (1280, 900)
+
+
+# ---------------------------------------------------------------- the server
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # no access log on stderr
+        pass
+
+
+@dataclass
+class Server:
+    root: Path
+    httpd: http.server.ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve(root: Path) -> Server:
+    """Serve ``root`` on 127.0.0.1 on a free port, from a daemon thread."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    return Server(Path(root), httpd, thread)
+
+
+# ---------------------------------------------------------------- the browser
+
+
+def find_chromium() -> str:
+    for name in (os.environ.get("CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise SystemExit("no Chromium found: install Debian's `chromium` (apt-get install chromium) "
+                     "or set CHROMIUM to a Chrome binary")
+
+
+class CDPError(RuntimeError):
+    pass
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the DevTools protocol."""
+
+    def __init__(self, binary: str | None = None, window=WINDOW, timeout: float = 30.0,
+                 env: dict | None = None) -> None:
+        import websocket  # websocket-client
+
+        self.timeout = timeout
+        self.profile = tempfile.mkdtemp(prefix="pagedkv-chromium-")
+        args = [
+            binary or find_chromium(), "--headless=new", "--remote-debugging-port=0",
+            f"--user-data-dir={self.profile}", f"--window-size={window[0]},{window[1]}",
+            "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
+            "--disable-default-apps", "--disable-extensions", "--disable-sync", "--mute-audio",
+            "--hide-scrollbars", "--force-device-scale-factor=1", "--lang=en-US",
+            # Nothing leaves the machine: every host but 127.0.0.1 resolves to nowhere.
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "about:blank",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})})
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout
+        while not (port_file.exists() and len(port_file.read_text().split()) >= 2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise CDPError("Chromium did not start (no DevToolsActivePort)")
+            time.sleep(0.05)
+        port = port_file.read_text().split()[0]
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as r:
+            targets = [t for t in json.load(r) if t.get("type") == "page"]
+        self.ws = websocket.create_connection(targets[0]["webSocketDebuggerUrl"], timeout=timeout,
+                                              suppress_origin=True, enable_multithread=False)
+        self._next_id = 0
+        self.events: list[dict] = []
+
+    def send(self, method: str, params: dict | None = None, timeout: float | None = None) -> dict:
+        """Call ``method`` and return its result; events received meanwhile go to ``self.events``."""
+        self._next_id += 1
+        msg_id = self._next_id
+        self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            self.ws.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except Exception as exc:  # websocket timeout
+                raise CDPError(f"{method}: no answer ({type(exc).__name__})") from None
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise CDPError(f"{method}: {msg['error'].get('message')}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self.events.append(msg)
+
+    def wait_for(self, method: str, timeout: float | None = None) -> dict | None:
+        """Wait for an event named ``method`` (already received ones count)."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        for ev in self.events:
+            if ev["method"] == method:
+                return ev
+        while time.monotonic() < deadline:
+            self.ws.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except Exception:
+                return None
+            if "method" in msg:
+                self.events.append(msg)
+                if msg["method"] == method:
+                    return msg
+        return None
+
+    def drain(self, quiet: float = 0.15) -> None:
+        """Collect events until none arrives for ``quiet`` seconds."""
+        while True:
+            self.ws.settimeout(quiet)
+            try:
+                msg = json.loads(self.ws.recv())
+            except Exception:
+                return
+            if "method" in msg:
+                self.events.append(msg)
+
+    def evaluate(self, expression: str, timeout: float | None = None):
+        result = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                "returnByValue": True}, timeout=timeout)
+        if "exceptionDetails" in result:
+            details = result["exceptionDetails"]
+            text = details.get("exception", {}).get("description") or details.get("text")
+            raise CDPError(f"evaluate: {text}")
+        return result["result"].get("value")
+
+    def click(self, x: float, y: float) -> None:
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            params = {"type": kind, "x": x, "y": y}
+            if kind != "mouseMoved":
+                params.update(button="left", clickCount=1)
+            self.send("Input.dispatchMouseEvent", params)
+
+    def close(self) -> None:
+        ws = getattr(self, "ws", None)
+        if ws is not None:
+            try:
+                ws.close()
+            except Exception:
+                pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- in-page checks
+
+# Runs in the page after load. Returns {problems: [[kind, detail]], counts: {...}, replays: n}.
+_PAGE_JS = r"""
+(async () => {
+  const problems = [], counts = {pool: 0, table: 0, replay: 0, figure: 0, marks: 0, boxes: 0};
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  // Images below the fold may be lazy: load them all before measuring.
+  const imgs = Array.from(document.images);
+  imgs.forEach(i => { i.loading = 'eager'; });
+  await Promise.race([
+    Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; }))),
+    new Promise(r => setTimeout(r, 5000))]);
+  await document.fonts.ready;
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+
+  const cells = Array.from(document.querySelectorAll('div.cell'));
+  const where = el => {
+    const cell = el.closest('div.cell');
+    const sec = el.closest('section[id]');
+    let s = cell ? `cell ${cells.indexOf(cell) + 1}` : (sec ? `section #${sec.id}` : 'page');
+    if (cell && el.closest('.cell_output')) s += ' output';
+    else if (cell && el.closest('.cell_input')) s += ' input';
+    return s;
+  };
+  const name = el => {
+    let s = el.tagName.toLowerCase();
+    if (typeof el.className === 'string' && el.className.trim())
+      s += '.' + el.className.trim().split(/\s+/).slice(0, 2).join('.');
+    return s;
+  };
+  const snippet = el => (el.textContent || el.getAttribute('alt') || '').trim().replace(/\s+/g, ' ').slice(0, 60);
+  const shown = el => { const r = el.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+
+  const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const cs0 = getComputedStyle(col), cr = col.getBoundingClientRect();
+  const left = cr.left + parseFloat(cs0.paddingLeft), right = cr.right - parseFloat(cs0.paddingRight);
+  counts.column = Math.round(right - left);
+
+  // Too wide, part 1: scroll boxes whose content is wider than the box.
+  const reported = [];
+  const inside = el => reported.some(r => r.contains(el));
+  for (const el of col.querySelectorAll('*')) {
+    if (inside(el)) continue;
+    const ox = getComputedStyle(el).overflowX;
+    if (ox === 'visible') continue;
+    if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
+      reported.push(el);
+      problems.push(['too wide', `${where(el)}: ${name(el)} scrolls (content ${el.scrollWidth} px in a ` +
+                     `${el.clientWidth}-px box): "${snippet(el)}"`]);
+    }
+  }
+  // Too wide, part 2: boxes that stick out of the column.
+  const sel = 'pre, table, img, svg, figure, .cell_output, .pagedkv-pool, .pagedkv-block-table, .pagedkv-replay';
+  for (const el of col.querySelectorAll(sel)) {
+    if (inside(el) || !shown(el)) continue;
+    if (el instanceof SVGElement && el.ownerSVGElement) continue;  // parts of a picture
+    const r = el.getBoundingClientRect();
+    if (r.right > right + 1 || r.left < left - 1) {
+      reported.push(el);
+      problems.push(['too wide', `${where(el)}: ${name(el)} is ${Math.round(r.width)} px wide and sticks out ` +
+                     `of the ${Math.round(right - left)}-px column by ${Math.round(Math.max(r.right - right, left - r.left))} px: "${snippet(el)}"`]);
+    }
+  }
+  counts.boxes = reported.length;
+
+  // Images that did not load.
+  for (const img of imgs) {
+    if (!img.complete || img.naturalWidth === 0)
+      problems.push(['image', `${where(img)}: ${name(img)} did not load: ${(img.getAttribute('src') || '').slice(0, 80)}`]);
+  }
+  // Block views and figures: present and not empty.
+  const area = el => { const r = el.getBoundingClientRect(); return r.width * r.height; };
+  for (const el of col.querySelectorAll('.pagedkv-pool')) {
+    if (el.closest('.pkv-frame')) continue;
+    counts.pool++;
+    const pic = el.querySelector('img, svg');
+    if (!pic || area(pic) < 100 || (pic.tagName === 'IMG' && pic.naturalWidth === 0))
+      problems.push(['empty', `${where(el)}: a pool view with no picture`]);
+  }
+  const hiddenFrame = el => { const f = el.closest('.pkv-frame'); return f && !shown(f); };
+  for (const el of col.querySelectorAll('.pagedkv-block-table')) {
+    if (hiddenFrame(el)) continue;  // a replay's other frames: the replay check steps through them
+    counts.table++;
+    if (!el.querySelector('td') || area(el) < 100)
+      problems.push(['empty', `${where(el)}: a block table with no cells`]);
+  }
+  for (const el of col.querySelectorAll('.cell_output img, figure img, figure svg')) {
+    if (el.closest('.pagedkv-pool, .pagedkv-replay') || el.closest('desc')) continue;
+    counts.figure++;
+    if (area(el) < 100) problems.push(['empty', `${where(el)}: a figure drawn with no area`]);
+  }
+  const replays = [];
+  for (const el of col.querySelectorAll('.pagedkv-replay')) {
+    counts.replay++;
+    const frames = el.querySelectorAll('.pkv-frame');
+    const visible = Array.from(frames).filter(shown);
+    if (!frames.length || !visible.length || visible.some(f => area(f) < 100))
+      problems.push(['empty', `${where(el)}: a replay with no visible frame`]);
+    if (frames.length > 1) replays.push(el);
+  }
+  window.__pkvReplays = replays;
+
+  // Checker marks: non-zero width, and drawn in colour in the element's own fonts.
+  const marks = {};
+  const walker = document.createTreeWalker(col, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    for (const ch of ['\u2705', '\u274c']) {
+      const at = n.data.indexOf(ch);
+      if (at < 0 || (marks[ch] || 0) >= 3) continue;
+      marks[ch] = (marks[ch] || 0) + 1;
+      counts.marks++;
+      const range = document.createRange();
+      range.setStart(n, at); range.setEnd(n, at + ch.length);
+      const w = range.getBoundingClientRect().width;
+      const cs = getComputedStyle(n.parentElement);
+      const canvas = document.createElement('canvas');
+      canvas.width = canvas.height = 48;
+      const ctx = canvas.getContext('2d');
+      ctx.font = `32px ${cs.fontFamily}`;
+      ctx.textBaseline = 'top';
+      ctx.fillStyle = '#000';
+      ctx.fillText(ch, 4, 4);
+      const d = ctx.getImageData(0, 0, 48, 48).data;
+      let coloured = 0;
+      for (let i = 0; i < d.length; i += 4)
+        if (d[i + 3] > 128 && Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 80) coloured++;
+      if (!(w > 0) || coloured < 40)
+        problems.push(['marks', `${where(n.parentElement)}: ${ch} renders ${w > 0 ? 'without colour (a blank box or missing glyph)' : 'with zero width'} in ${cs.fontFamily}`]);
+    }
+  }
+  return {problems, counts, replays: replays.length};
+})()
+"""
+
+_REPLAY_STATE_JS = r"""
+((k, act) => {
+  const el = window.__pkvReplays[k];
+  const frames = Array.from(el.querySelectorAll('.pkv-frame'));
+  const shown = frames.map((f, i) => f.getBoundingClientRect().height > 0 ? i : -1).filter(i => i >= 0);
+  const step = (el.querySelector('.pkv-step') || {}).textContent || '';
+  const next = el.querySelector('.pkv-next');
+  let box = null;
+  if (act && next) {
+    next.scrollIntoView({block: 'center'});
+    const r = next.getBoundingClientRect();
+    box = r.width > 0 ? [r.left + r.width / 2, r.top + r.height / 2] : null;
+  }
+  return {shown, step, box, frames: frames.length};
+})(%d, %s)
+"""
+
+
+@dataclass
+class PageResult:
+    page: str
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    counts: dict = field(default_factory=dict)
+    screenshot: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _is_local(url: str) -> bool:
+    scheme = urlsplit(url).scheme
+    if scheme in ("data", "blob", "about", "chrome-error", "devtools"):
+        return True
+    return urlsplit(url).hostname == "127.0.0.1"
+
+
+def _browser_probe(url: str) -> bool:
+    """The browser's own favicon probe at the server's root (no page asks for it)."""
+    return urlsplit(url).path == "/favicon.ico"
+
+
+def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
+    """Console errors, script errors and bad requests among the CDP events of one page load."""
+    out: list[tuple[str, str]] = []
+    urls: dict[str, str] = {}
+    for ev in events:
+        m, p = ev["method"], ev.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            d = p["exceptionDetails"]
+            text = d.get("exception", {}).get("description") or d.get("text", "")
+            out.append(("script error", f"{text.splitlines()[0] if text else '?'} "
+                                        f"({d.get('url', '')}:{d.get('lineNumber', 0) + 1})"))
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            args = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+            out.append(("console", args[:200]))
+        elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+            e = p["entry"]
+            if _browser_probe(e.get("url", "")):
+                continue
+            out.append(("console", f"{e.get('text', '')[:200]} {e.get('url', '')}".strip()))
+        elif m == "Network.requestWillBeSent":
+            url = p["request"]["url"]
+            urls[p["requestId"]] = url
+            if not _is_local(url):
+                out.append(("request", f"off the machine: {url[:120]}"))
+        elif (m == "Network.responseReceived" and p["response"].get("status", 200) >= 400
+              and not _browser_probe(p["response"]["url"])):
+            out.append(("request", f"HTTP {p['response']['status']}: {p['response']['url'][:120]}"))
+        elif m == "Network.loadingFailed" and not p.get("canceled"):
+            url = urls.get(p["requestId"], "?")
+            if _is_local(url) and not _browser_probe(url):  # off-machine ones are reported above
+                out.append(("request", f"failed ({p.get('errorText', '')}): {url[:120]}"))
+    # The browser logs a failed request a second time as a console error: keep one.
+    seen, unique = set(), []
+    for kind, detail in out:
+        if (kind, detail) not in seen:
+            seen.add((kind, detail))
+            unique.append((kind, detail))
+    return unique
+
+
+def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -> PageResult:
+    t0 = time.monotonic()
+    result = PageResult(page)
+    browser.events.clear()
+    browser.send("Page.navigate", {"url": url})
+    if browser.wait_for("Page.loadEventFired") is None:
+        result.problems.append(("load", "the page did not finish loading in time"))
+    redirect = browser.evaluate("(document.querySelector('meta[http-equiv=refresh i]') || {}).content || ''")
+    if redirect:  # a redirect page (the site's index.html): check that its target loads, nothing more
+        deadline = time.monotonic() + browser.timeout
+        while sum(e["method"] == "Page.loadEventFired" for e in browser.events) < 2 and time.monotonic() < deadline:
+            browser.drain(0.1)
+        final = browser.evaluate("location.href")
+        if final == url:
+            result.problems.append(("load", f"the redirect ({redirect}) did not happen"))
+        browser.drain()
+        result.problems[:0] = _event_problems(browser.events)
+        result.counts = {"redirect": 1}
+        result.seconds = time.monotonic() - t0
+        return result
+    try:
+        found = browser.evaluate(_PAGE_JS, timeout=60)
+    except CDPError as exc:
+        found = {"problems": [["script error", f"the checks could not run: {exc}"]], "counts": {}, "replays": 0}
+    result.counts = found["counts"]
+    result.problems.extend(tuple(p) for p in found["problems"])
+    for k in range(found["replays"]):
+        before = browser.evaluate(_REPLAY_STATE_JS % (k, "true"))
+        if not before["box"]:
+            result.problems.append(("replay", f"replay {k + 1}: no visible next button"))
+            continue
+        browser.click(*before["box"])
+        after = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+        if after["shown"] == before["shown"] or after["step"] == before["step"]:
+            result.problems.append(("replay", f"replay {k + 1} did not advance when next was clicked "
+                                              f"(frames shown {before['shown']} -> {after['shown']}, "
+                                              f"step '{before['step']}' -> '{after['step']}')"))
+    browser.drain()
+    result.problems[:0] = _event_problems(browser.events)
+    if screenshot is not None:
+        browser.evaluate("window.scrollTo(0, 0)")
+        shot = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                       "clip": _full_page_clip(browser)}, timeout=60)
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        result.screenshot = str(screenshot)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _full_page_clip(browser: Browser) -> dict:
+    width, height = browser.evaluate("[document.documentElement.scrollWidth, "
+                                     "Math.min(document.documentElement.scrollHeight, 16000)]")
+    return {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+
+
+def pages_of(root: Path) -> list[str]:
+    """Every HTML page of a built site, relative to its root (Sphinx's _static templates excluded)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.html") if "_static" not in p.parts)
+
+
+def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
+        binary: str | None = None, log=print, env: dict | None = None) -> list[PageResult]:
+    """Check every page under ``html_dir`` (or those whose path contains one of ``only``).
+
+    ``env`` adds to the browser's environment (the tests give it a bare
+    fontconfig). Screenshots go to ``screenshots`` when given.
+    """
+    root = Path(html_dir)
+    pages = pages_of(root)
+    if only:
+        pages = [p for p in pages if any(o in p for o in only)]
+    if not pages:
+        raise SystemExit(f"no pages under {root}: build the site first")
+    server = serve(root)
+    browser = Browser(binary, env=env)
+    results = []
+    try:
+        for domain in ("Page", "Runtime", "Network", "Log"):
+            browser.send(f"{domain}.enable")
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
+                                                            "deviceScaleFactor": 1, "mobile": False})
+        for page in pages:
+            shot = Path(screenshots) / (page[:-5].replace("/", "__") + ".png") if screenshots else None
+            res = check_page(browser, server.base + page, page, shot)
+            results.append(res)
+            if log:
+                log(f"{'ok  ' if res.ok else 'FAIL'} {page} ({res.seconds:.1f} s)"
+                    + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
+    finally:
+        browser.close()
+        server.close()
+    return results
+
+
+# What the book's pages must contain somewhere, so that no check silently finds nothing.
+BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pagedkv._site_check", description=__doc__.splitlines()[0])
+    parser.add_argument("html_dir", nargs="?", default="_build/html")
+    parser.add_argument("--screenshots", default="_build/screenshots")
+    parser.add_argument("--only", nargs="*", help="check only pages whose path contains one of these")
+    parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    results = run(args.html_dir, args.screenshots, args.only)
+    failed = [r for r in results if not r.ok]
+    totals = {k: sum(r.counts.get(k, 0) for r in results) for k in ("pool", "table", "replay", "figure",
+                                                                        "marks", "boxes")}
+    missing = [] if args.no_expect or args.only else [
+        f"{k} ({totals[k]} found, {n} expected)" for k, n in BOOK_EXPECTS.items() if totals[k] < n]
+    print(f"{len(results)} pages in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
+          f"{totals['table']} block tables, {totals['replay']} replays, {totals['figure']} figures, "
+          f"{totals['marks']} checker marks; {totals['boxes']} boxes too wide on "
+          f"{sum(1 for r in results if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
+    if missing:
+        print("the checks found too few of: " + ", ".join(missing), file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} of {len(results)} pages fail:", file=sys.stderr)
+        for r in failed:
+            for kind, detail in r.problems:
+                print(f"  {r.page}: {kind}: {detail}", file=sys.stderr)
+    return 1 if failed or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
