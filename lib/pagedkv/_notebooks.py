@@ -206,9 +206,15 @@ JUPYTER_ONLY = ("ipywidgets", "IPython", "nbformat", "nbclient")
 
 
 def _install_ipython_shim() -> None:
-    """Give notebooks ``IPython.display`` on a machine without IPython (display is a no-op)."""
+    """Make ``IPython.display.display`` a no-op; give notebooks a stand-in where IPython is missing.
+
+    With IPython installed but no kernel, ``display`` would print each object's
+    repr into the text being compared; in a notebook it prints nothing there.
+    """
     try:
-        import IPython.display  # noqa: F401
+        import IPython.display
+
+        IPython.display.display = lambda *a, **k: None
         return
     except ImportError:
         pass
