@@ -33,7 +33,7 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-notebooks test-book
+test: test-lib test-notebooks test-book test-site
 
 test-lib: $(STAMP)
 	$(PY) -m pytest lib/tests -q -p no:cacheprovider
