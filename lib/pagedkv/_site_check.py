@@ -500,9 +500,17 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -
     browser.drain()
     result.problems[:0] = _event_problems(browser.events)
     if screenshot is not None:
+        # A window as tall as the page, then a plain capture: capturing beyond
+        # the viewport shifted this theme's columns out of the picture.
         browser.evaluate("window.scrollTo(0, 0)")
-        shot = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                       "clip": _full_page_clip(browser)}, timeout=60)
+        clip = _full_page_clip(browser)
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": clip["height"],
+                                                            "deviceScaleFactor": 1, "mobile": False})
+        try:
+            shot = browser.send("Page.captureScreenshot", {"format": "png"}, timeout=60)
+        finally:
+            browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
+                                                                "deviceScaleFactor": 1, "mobile": False})
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         result.screenshot = str(screenshot)
