@@ -542,7 +542,7 @@ def test_trace_replays_one_frame_per_step(model):
     trace.stop()
     engine.generate([[1, 2]], max_tokens=1)
     assert len(trace) == 1 + 3  # start, then one frame per step: the prefill samples the first token
-    assert trace.captions()[1] == "step 1: new generate-0:5, new generate-1:3"
+    assert trace.captions()[1] == "new generate-0:5, new generate-1:3"
     assert "finished generate-0 (length), generate-1 (length)" in trace.captions()[-1]
     html = trace.replay()._repr_html_()
     assert html.count("class='pkv-frame'") == 4 and "<svg" in html and "block table" in html

@@ -51,7 +51,7 @@ class EngineTrace:
         self.frames.append(Frame(caption, self._render()))
 
     def _on_step(self, engine, out, outputs) -> None:
-        caption = out.summary()
+        caption = out.summary().split(": ", 1)[1]  # the replay numbers the steps itself
         done = [o.request_id + f" ({o.finish_reason})" for o in outputs if o.finished]
         if done:
             caption += f"; finished {', '.join(done)}"
