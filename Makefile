@@ -9,12 +9,13 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-notebooks test-book test-site execute gpu lab clean
+.PHONY: help install book test test-lib test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
 	@echo "make test      everything CI runs: library tests, nbval on every notebook, the book build"
 	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
+	@echo "make test-live chapters 3-4 in a headless JupyterLab: the live views redraw while cells run (not in CI)"
 	@echo "make execute   re-execute every notebook in place on this machine"
 	@echo "make gpu       on a CUDA machine: tests, notebooks and benchmarks on the GPU"
 	@echo "make lab       open JupyterLab on the book"
@@ -53,6 +54,15 @@ test-book: $(STAMP)
 # go to _build/screenshots/. Run after test-book (or book).
 test-site: $(STAMP)
 	$(PY) -m pagedkv._site_check _build/html --screenshots _build/screenshots
+
+# A developers' check, not part of `make test` (CI): JupyterLab on 127.0.0.1
+# (a free port, a token) serving temporary copies of chapters 3 and 4, opened
+# in headless Chromium; Run All, and the live views (BlockPoolView,
+# BlockTableView) must redraw while the later cells still run. Screenshots and
+# report.json go to _build/live/. At most 5 minutes; JupyterLab, its kernels
+# and Chromium are stopped however it ends.
+test-live: $(STAMP)
+	$(PY) -m pagedkv._live_check --out _build/live --timeout 300
 
 execute: $(STAMP)
 	$(PY) -m pagedkv._notebooks execute $(NOTEBOOKS)
