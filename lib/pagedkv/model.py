@@ -292,6 +292,9 @@ def _kernel_ops(kernel_backend: str):
     raise ValueError(f"kernel_backend must be 'triton' or 'torch', got {kernel_backend!r}")
 
 
+_DRAW_ON_DEVICE_ABOVE = 10**9  # parameters; smaller models are drawn on the CPU, identical everywhere
+
+
 class Model(nn.Module):
     """The decoder. Module names follow Hugging Face's (``embed_tokens``,
     ``layers.N.self_attn.q_proj``, ...), so a checkpoint name maps to ours by
@@ -301,7 +304,8 @@ class Model(nn.Module):
         config: the shapes.
         seed: weights ~ N(0, 0.02) (norms 1, biases 0), drawn tensor by tensor on
             the CPU from one seeded generator and then moved, so every machine
-            builds the same model and the float32 model rounds to the bf16 one.
+            builds the same model and the float32 model rounds to the bf16 one
+            (models over a billion parameters on a GPU draw there instead).
             Only one tensor is ever staged on the CPU: Llama-3-8B builds on a GPU
             in bf16 without a CPU copy of the model. ``None`` leaves the weights
             uninitialised (``load_pretrained`` fills them).
@@ -327,12 +331,18 @@ class Model(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
+        # Large models on a GPU draw on the GPU: eight billion values from a CPU
+        # generator take most of a minute, and nothing compares such a model's
+        # outputs across machines (it exists for memory and speed runs).
+        on_device = self.device.type == "cuda" and self.config.num_parameters > _DRAW_ON_DEVICE_ABOVE
+        gen = torch.Generator(device=self.device if on_device else "cpu").manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
+            elif on_device:
+                p.normal_(0.0, 0.02, generator=gen)
             else:
                 p.copy_(torch.empty(p.shape).normal_(0.0, 0.02, generator=gen))
 
