@@ -378,6 +378,9 @@ class Model(nn.Module):
         request, whichever step computed them.
         """
         write, attend = _kernel_ops(kernel_backend)
+        if kernel_backend == "triton":
+            from .kernels.attention import launch_planned, validated_plan
+            from .kernels.kv_write import _launch_reshape_and_cache
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"input_ids and positions must both be [num_tokens], got shapes "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
@@ -385,11 +388,21 @@ class Model(nn.Module):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.layers)} layers")
         m = attn_metadata
         cos, sin = self._rope(positions)
+        plan = None  # Triton: the first layer validates; the others share its checks (same shapes, same metadata)
 
         def paged(key_cache, value_cache, q, k, v):  # [num_tokens, heads, head_dim] each
-            write(k.contiguous(), v.contiguous(), key_cache, value_cache, m.slot_mapping)
-            return attend(q.contiguous(), key_cache, value_cache, m.block_table, m.seq_lens,
-                          m.query_start_loc, self.scale)
+            nonlocal plan
+            k, v, q = k.contiguous(), v.contiguous(), q.contiguous()
+            args = (key_cache, value_cache, m.block_table, m.seq_lens, m.query_start_loc, self.scale)
+            if kernel_backend != "triton":
+                write(k, v, key_cache, value_cache, m.slot_mapping)
+                return attend(q, *args)
+            if plan is None:
+                write(k, v, key_cache, value_cache, m.slot_mapping)  # validates the slot mapping
+                plan = validated_plan(q, *args)
+            else:
+                _launch_reshape_and_cache(k, v, key_cache, value_cache, m.slot_mapping)
+            return launch_planned(plan, q, *args)
 
         x = self.embed_tokens(input_ids)
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches):

@@ -373,12 +373,30 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
     Returns a tensor with q's shape, dtype and device. Raises ``TypeError``,
     ``ValueError`` or ``IndexError`` naming the bad value before any launch.
     """
+    plan = validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                          num_splits=num_splits)
+    return launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+
+
+def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                   *, num_splits=None) -> AttentionPlan:
+    """Validate one layer's call and plan its launch, without launching.
+
+    A model step calls attention once per layer with the same metadata and
+    caches of the same shape (``Model.allocate_kv_cache`` makes them so), so
+    one validation and one plan hold for every layer; ``launch_planned``
+    then launches each layer without the host round trips validation costs.
+    """
     lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
     require_kernel_device(q, "q")
-    plan = plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
+    return plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
                           num_splits)
-    out = torch.empty_like(q)
-    return _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out)
+
+
+def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+    """``paged_attention`` for arguments already validated by ``validated_plan`` (same shapes)."""
+    return _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan,
+                   torch.empty_like(q))
 
 
 # ----------------------------------------------------------------- references
