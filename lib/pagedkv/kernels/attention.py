@@ -41,6 +41,7 @@ anything, as in vLLM.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -293,11 +294,16 @@ class AttentionPlan:
     grid: tuple[int, int, int]
 
 
+@functools.cache
+def _num_sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def _choose_splits(num_programs: int, max_seq_len: int, tile_n: int) -> int:
     """Split the keys only when the grid cannot fill the GPU and sequences are long."""
     if not on_gpu() or max_seq_len < 2048:
         return 1
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = _num_sms()
     if num_programs >= sms:
         return 1
     wanted = -(-2 * sms // num_programs)  # about two programs per SM
