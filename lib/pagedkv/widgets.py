@@ -559,10 +559,15 @@ def _unfollow(follower: _EngineFollower | None) -> None:
     if follower is None:
         return
     follower.unsubscribe()
+    _stop_after_cell(follower.after_cell)
+
+
+def _stop_after_cell(callback) -> None:
+    """Unregister a post-run-cell hook, if IPython is here and the hook still is."""
     ip = _ipython()
     if ip is not None:
         try:
-            ip.events.unregister("post_run_cell", follower.after_cell)
+            ip.events.unregister("post_run_cell", callback)
         except ValueError:
             pass
 
@@ -655,12 +660,7 @@ class BlockPoolView:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-            ip = _ipython()
-            if ip is not None:
-                try:
-                    ip.events.unregister("post_run_cell", self._after_cell)
-                except ValueError:
-                    pass
+            _stop_after_cell(self._after_cell)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         self.attach()
