@@ -37,23 +37,23 @@ book: $(STAMP)
 test: test-lib test-notebooks test-book test-site
 
 test-lib: $(STAMP)
-	$(PY) -m pytest lib/tests -q -p no:cacheprovider
+	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS)
 
 test-book: $(STAMP)
-	$(PY) -m pagedkv._notebooks check-toc
+	$(PY) -m tools.notebooks check-toc
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
-	$(PY) -m pagedkv._notebooks check-site
+	$(PY) -m tools.notebooks check-site
 
 # Every page of _build/html in headless Chromium at 1280x900 (Debian's
 # `chromium`; .ci/run installs it): script errors, requests, boxes wider than
 # the column, empty views, the replay stepping, the checker marks. Screenshots
 # go to _build/screenshots/. Run after test-book (or book).
 test-site: $(STAMP)
-	$(PY) -m pagedkv._site_check _build/html --screenshots _build/screenshots
+	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots
 
 # A developers' check, not part of `make test` (CI): JupyterLab on 127.0.0.1
 # (a free port, a token) serving temporary copies of chapters 3 and 4, opened
@@ -62,10 +62,10 @@ test-site: $(STAMP)
 # report.json go to _build/live/. At most 5 minutes; JupyterLab, its kernels
 # and Chromium are stopped however it ends.
 test-live: $(STAMP)
-	$(PY) -m pagedkv._live_check --out _build/live --timeout 300
+	$(PY) -m tools.live_check --out _build/live --timeout 300
 
 execute: $(STAMP)
-	$(PY) -m pagedkv._notebooks execute $(NOTEBOOKS)
+	$(PY) -m tools.notebooks execute $(NOTEBOOKS)
 
 # On a GPU instance: install the CUDA build of torch==2.13.0 into .venv first
 # (see book/setup.md). nbval then re-executes every notebook with compiled
@@ -74,7 +74,7 @@ gpu: $(STAMP)
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu needs a CUDA GPU')"
 	mkdir -p _build/gpu
 	$(PY) -c "import pagedkv; print(pagedkv.device_summary())" | tee _build/gpu/report.txt
-	$(PY) -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee -a _build/gpu/report.txt
+	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider 2>&1 | tee -a _build/gpu/report.txt
 	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS) 2>&1 | tee -a _build/gpu/report.txt
 	$(PY) -m pagedkv.bench all 2>&1 | tee -a _build/gpu/report.txt
 	rm -f _build/gpu/gpu_report.json

@@ -3,7 +3,7 @@
 # numpy, matplotlib, pytest and hypothesis but no Jupyter (no venv, no network):
 #   1. the library's tests with the kernels compiled for the GPU;
 #   2. every notebook's code, run without Jupyter, its printed text compared with
-#      the committed (CPU-executed) outputs -- see `python -m pagedkv._notebooks`;
+#      the committed (CPU-executed) outputs -- see `python -m tools.notebooks`;
 #   3. the benchmarks (GB/s of the kernels against PyTorch, as ratios in one run;
 #      paged attention against SDPA and the datasheet peak; the engine against
 #      Hugging Face generate when transformers is importable there).
@@ -36,7 +36,7 @@ if wants tests; then
     $py -m pytest lib/tests -q -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
 fi
 if wants notebooks; then
-    $py -m pagedkv._notebooks run-plain chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>&1 \
+    $py -m tools.notebooks run-plain chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>&1 \
         | tee "$out/notebooks.txt" || status=1
 fi
 if wants bench; then

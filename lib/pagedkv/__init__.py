@@ -1,5 +1,17 @@
 """pagedkv: KV-cache memory management, as vLLM and SGLang do it, small enough to read.
 
+The package is a core a reader studies, with rooms around it::
+
+    views  checks  bench          drawn, graded, timed: may import everything below
+      |      |       |
+     sim     |       |            what the chapters simulate: imports the core only
+      |      |       |
+    core: common, budget, hashing -> block_pool -> kv_cache_manager, token_pool
+          -> kernels -> block_table -> model -> engine
+          (each module imports only what stands to its left)
+
+``lib/tests/test_architecture.py`` enforces the rule on every import.
+
 Import order matters for one reason: ``_device`` fixes the Triton mode
 (compiled on CUDA, interpreted elsewhere) before any kernel module is imported.
 Submodules load lazily, so ``import pagedkv`` stays cheap and
@@ -15,20 +27,22 @@ from ._device import default_device, device_summary, on_gpu  # noqa: F401  (must
 __version__ = "0.1.0"
 
 _SUBMODULES = {
+    # the core, bottom to top
+    "common",
     "budget",
-    "fragmentation",
     "hashing",
     "block_pool",
     "kv_cache_manager",
     "block_table",
     "token_pool",
-    "scheduler_sim",
     "kernels",
-    "engine",
     "model",
-    "widgets",
+    "engine",
+    # the rooms around it (the core never imports them)
+    "sim",
+    "views",
     "checks",
-    "calculator",
+    "bench",
 }
 
 

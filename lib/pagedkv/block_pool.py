@@ -85,12 +85,13 @@ Block hashes may be ``bytes`` (``pagedkv.hashing``) or ``int``.
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Union
+
+from .common import InvariantError, check_int
 
 __all__ = [
     "BlockHash",
@@ -106,21 +107,10 @@ __all__ = [
 BlockHash = Union[bytes, int]
 
 
-class InvariantError(AssertionError):
-    """``check()`` found a broken invariant; the message names it."""
-
 
 class ListenerWarning(RuntimeWarning):
     """A pool listener raised; the pool contained the exception and stayed consistent."""
 
-
-def _as_count(value: object, what: str) -> int:
-    """Validate a block count: a non-negative integer (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
-    return int(value)
 
 
 @dataclass(slots=True, eq=False)
@@ -225,7 +215,7 @@ class FreeKVCacheBlockQueue:
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Unlink and return the first ``n`` blocks, head first, in one pass."""
         if type(n) is not int or n < 0:
-            n = _as_count(n, "n")
+            n = check_int(n, "n", 0)
         if n > self.num_free_blocks:
             raise ValueError(
                 f"cannot pop n={n} blocks: only {self.num_free_blocks} are free"
@@ -387,7 +377,7 @@ class BlockPool:
     """Every KV-cache block of one cache group, its free queue and its prefix cache."""
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
-        num_gpu_blocks = _as_count(num_gpu_blocks, "num_gpu_blocks")
+        num_gpu_blocks = check_int(num_gpu_blocks, "num_gpu_blocks", 0)
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1 (block 0 is the null block), got {num_gpu_blocks}")
         self.num_gpu_blocks = num_gpu_blocks
@@ -484,7 +474,7 @@ class BlockPool:
         it was freed.
         """
         if type(num_blocks) is not int or num_blocks < 0:  # fast path: a plain int >= 0
-            num_blocks = _as_count(num_blocks, "num_blocks")
+            num_blocks = check_int(num_blocks, "num_blocks", 0)
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(
@@ -681,8 +671,8 @@ class BlockPool:
         ``bytes``/``int``, one block twice, or a block that already holds a
         *different* hash (the request's hashes do not describe its blocks).
         """
-        num_cached_blocks = _as_count(num_cached_blocks, "num_cached_blocks")
-        num_full_blocks = _as_count(num_full_blocks, "num_full_blocks")
+        num_cached_blocks = check_int(num_cached_blocks, "num_cached_blocks", 0)
+        num_full_blocks = check_int(num_full_blocks, "num_full_blocks", 0)
         if num_cached_blocks > num_full_blocks:
             raise ValueError(
                 f"num_cached_blocks={num_cached_blocks} exceeds num_full_blocks={num_full_blocks}"

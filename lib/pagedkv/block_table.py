@@ -35,14 +35,10 @@ import numpy as np
 import torch
 
 from ._device import default_device
+from .common import check_int
 
 __all__ = ["BlockTable"]
 
-
-def _check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 class BlockTable:
@@ -55,8 +51,8 @@ class BlockTable:
     """
 
     def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int, device: torch.device | str | None = None):
-        self.max_num_reqs = _check_count(max_num_reqs, "max_num_reqs")
-        self.max_num_blocks_per_req = _check_count(max_num_blocks_per_req, "max_num_blocks_per_req")
+        self.max_num_reqs = check_int(max_num_reqs, "max_num_reqs", 1)
+        self.max_num_blocks_per_req = check_int(max_num_blocks_per_req, "max_num_blocks_per_req", 1)
         self.device = torch.device(device) if device is not None else default_device()
         shape = (self.max_num_reqs, self.max_num_blocks_per_req)
         # Pinned staging memory is what a real engine uses for fast host-to-device copies.
@@ -190,12 +186,12 @@ class BlockTable:
         # Imported here, not at the top: the table itself needs no Triton, and
         # `import pagedkv.block_table` stays cheap on machines without it.
         from ._device import require_kernel_device
-        from .kernels.slot_mapping import _as_index_tensor, _launch_slot_mapping
+        from .kernels.slot_mapping import launch_slot_mapping
+        from .kernels.tensor_checks import as_index_tensor
 
-        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        req = _as_index_tensor(req_indices, "req_indices", torch.device("cpu"))
-        pos = _as_index_tensor(positions, "positions", torch.device("cpu"))
+        block_size = check_int(block_size, "block_size", 1)
+        req = as_index_tensor(req_indices, "req_indices", torch.device("cpu"))
+        pos = as_index_tensor(positions, "positions", torch.device("cpu"))
         if req.shape != pos.shape:
             raise ValueError(
                 f"req_indices and positions must have the same length, got {req.numel()} and {pos.numel()}"
@@ -226,7 +222,7 @@ class BlockTable:
         require_kernel_device(self.tensor, "block_table")
         req, pos = req.to(self.device), pos.to(self.device)
         out = torch.empty(req.numel(), dtype=torch.int64, device=self.device)
-        return _launch_slot_mapping(self.tensor, req, pos, int(block_size), out)
+        return launch_slot_mapping(self.tensor, req, pos, int(block_size), out)
 
     # -- inspection ---------------------------------------------------------------------------
     def row(self, row_idx: int) -> list[int]:

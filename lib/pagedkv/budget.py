@@ -16,10 +16,11 @@ Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
+
+from .common import cdiv, check_int, check_real
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -138,33 +139,7 @@ def dtype_bytes(dtype: str | torch.dtype) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def _positive_int(value, what: str) -> int:
-    """A count that must be at least 1: an integer (Python or numpy), not a bool or a float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
 
-
-def _count(value, what: str) -> int:
-    """A count that may be 0 (a number of blocks): an integer, not a bool or a float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def _non_negative(value, what: str) -> float:
-    """A size in bytes (or GiB): a finite real number >= 0; the error says which of those it is not."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        why = f"a {type(value).__name__}, not a number"
-    elif math.isnan(value):
-        why = "NaN"
-    elif math.isinf(value):
-        why = "infinite"
-    elif value < 0:
-        why = "negative"
-    else:
-        return value
-    raise ValueError(f"{what} must be a non-negative number, got {value!r} ({why})")
 
 
 def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> int:
@@ -174,7 +149,7 @@ def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> 
     them: each rank still keeps one full KV head, so per-rank KV stops shrinking.
     """
     m = model_spec(model)
-    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
     if tp <= m.num_kv_heads:
         if m.num_kv_heads % tp:
             raise ValueError(f"{m.num_kv_heads} KV heads of {m.name} do not split evenly across tensor_parallel_size={tp}")
@@ -193,15 +168,15 @@ def kv_bytes_per_token(model: str | ModelSpec, dtype: str | torch.dtype = "bf16"
 def weight_bytes(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
     """Parameter bytes per rank (weights split evenly across tensor-parallel ranks)."""
     m = model_spec(model)
-    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
     return m.num_params * dtype_bytes(dtype) // tp
 
 
 def kv_pool_bytes(total_bytes: float, gpu_memory_utilization: float, weight_bytes: float, non_kv_bytes: float) -> float:
     """The KV pool as vLLM sizes it: total * utilization - weights - non-KV allowance."""
-    _non_negative(total_bytes, "total_bytes")
-    _non_negative(weight_bytes, "weight_bytes")
-    _non_negative(non_kv_bytes, "non_kv_bytes")
+    check_real(total_bytes, "total_bytes", minimum=0)
+    check_real(weight_bytes, "weight_bytes", minimum=0)
+    check_real(non_kv_bytes, "non_kv_bytes", minimum=0)
     if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
             or not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
@@ -218,7 +193,7 @@ def page_bytes_per_layer(model: str | ModelSpec, block_size: int = 16, dtype: st
                          tensor_parallel_size: int = 1) -> int:
     """One block's K and V in ONE layer: block_size * 2 * kv_heads * head_dim * bytes."""
     m = model_spec(model)
-    _positive_int(block_size, "block_size")
+    check_int(block_size, "block_size", 1)
     return block_size * 2 * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
 
 
@@ -231,37 +206,33 @@ def block_bytes(model: str | ModelSpec, block_size: int = 16, dtype: str | torch
 def num_gpu_blocks(pool_bytes: float, model: str | ModelSpec, block_size: int = 16,
                    dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
     """Blocks as vLLM computes them: pool // page_bytes_per_layer // num_layers (two floors)."""
-    _non_negative(pool_bytes, "pool_bytes")
+    check_real(pool_bytes, "pool_bytes", minimum=0)
     page = page_bytes_per_layer(model, block_size, dtype, tensor_parallel_size)
     return int(pool_bytes // page // model_spec(model).num_layers)
 
 
 def token_slots(num_blocks: int, block_size: int) -> int:
     """Tokens the pool can hold when every block is full (both counts are integers)."""
-    return _count(num_blocks, "num_blocks") * _positive_int(block_size, "block_size")
+    return check_int(num_blocks, "num_blocks", 0) * check_int(block_size, "block_size", 1)
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative integers."""
-    return -(-a // b)
 
 
 def contiguous_reservations(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
                             dtype: str | torch.dtype = "bf16") -> int:
     """How many max-length contiguous reservations fit: each reserves max_model_len tokens of KV."""
-    _non_negative(pool_bytes, "pool_bytes")
-    reservation = _positive_int(max_model_len, "max_model_len") * kv_bytes_per_token(model, dtype)
+    check_real(pool_bytes, "pool_bytes", minimum=0)
+    reservation = check_int(max_model_len, "max_model_len", 1) * kv_bytes_per_token(model, dtype)
     return int(pool_bytes // reservation)
 
 
 def blocks_per_request(request_len: int, block_size: int) -> int:
     """Blocks a request of ``request_len`` tokens holds under paging: ceil(len / block_size)."""
-    return cdiv(_positive_int(request_len, "request_len"), _positive_int(block_size, "block_size"))
+    return cdiv(check_int(request_len, "request_len", 1), check_int(block_size, "block_size", 1))
 
 
 def paged_ceiling(num_blocks: int, request_len: int, block_size: int) -> int:
     """Concurrent requests of ``request_len`` tokens a paged pool of ``num_blocks`` can hold."""
-    return _count(num_blocks, "num_blocks") // blocks_per_request(request_len, block_size)
+    return check_int(num_blocks, "num_blocks", 0) // blocks_per_request(request_len, block_size)
 
 
 def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
@@ -276,8 +247,8 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
     ``pool_bytes`` must be a finite number >= 0 (a NaN or negative pool is a
     ``ValueError`` naming it, not a misleading "needed vs available" message).
     """
-    _non_negative(pool_bytes, "pool_bytes")
-    _positive_int(max_model_len, "max_model_len")
+    check_real(pool_bytes, "pool_bytes", minimum=0)
+    check_int(max_model_len, "max_model_len", 1)
     per_block = block_bytes(model, block_size, dtype)
     needed = blocks_per_request(max_model_len, block_size) * per_block
     if needed <= pool_bytes:
@@ -363,16 +334,16 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
     ``non_kv_gib`` is each rank's allowance.
     """
     g, m = gpu_spec(gpu), model_spec(model)
-    tp = _positive_int(tensor_parallel_size, "tensor_parallel_size")
+    tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
     if weight_gib is None:
         w = weight_bytes(m, weight_dtype, tp)
     else:
-        w = _non_negative(weight_gib, "weight_gib") * GiB / tp
-    non_kv = _non_negative(non_kv_gib, "non_kv_gib") * GiB
+        w = check_real(weight_gib, "weight_gib", minimum=0) * GiB / tp
+    non_kv = check_real(non_kv_gib, "non_kv_gib", minimum=0) * GiB
     pool = kv_pool_bytes(g.total_bytes, gpu_memory_utilization, w, non_kv)
     blocks = num_gpu_blocks(pool, m, block_size, dtype, tp)
     per_token = kv_bytes_per_token(m, dtype, tp)
-    reservation = _positive_int(max_model_len, "max_model_len") * per_token
+    reservation = check_int(max_model_len, "max_model_len", 1) * per_token
     return BudgetPlan(
         gpu=g.name, model=m.name, dtype=str(dtype), total_bytes=g.total_bytes,
         weight_bytes=w, non_kv_bytes=non_kv,
@@ -424,12 +395,12 @@ def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
     else:
         free, total = free_and_total
         name = "given"
-    _non_negative(free, "free memory")
-    _non_negative(total, "total memory")
+    check_real(free, "free memory", minimum=0)
+    check_real(total, "total memory", minimum=0)
     if free > total:
         raise ValueError(f"free memory ({free}) exceeds total ({total})")
     w = weight_bytes(model, dtype)
-    non_kv = _non_negative(non_kv_gib, "non_kv_gib") * GiB
+    non_kv = check_real(non_kv_gib, "non_kv_gib", minimum=0) * GiB
     # Validates the utilization and refuses a budget the weights fill.
     kv_pool_bytes(total, gpu_memory_utilization, w, non_kv)
     requested = math.ceil(total * gpu_memory_utilization)

@@ -66,22 +66,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .block_pool import BlockPool, InvariantError, KVCacheBlock
+from .block_pool import BlockPool, KVCacheBlock
+from .common import InvariantError, cdiv, check_int
 from .hashing import BlockHash, hash_block_tokens
 
 __all__ = ["Request", "KVCacheManager", "PrefixCacheStats", "InvariantError"]
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _as_int(value, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{what} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -125,7 +116,7 @@ class Request:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         self.request_id = request_id
         self.prompt_token_ids = prompt
-        self.max_tokens = _as_int(max_tokens, "max_tokens", 1)
+        self.max_tokens = check_int(max_tokens, "max_tokens", 1)
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt)
         self.num_computed_tokens = 0
@@ -148,7 +139,7 @@ class Request:
 
     def bind_hash_block_size(self, hash_block_size: int) -> None:
         """Fix the prefix-match unit and compute the hashes (refused if a different unit is bound)."""
-        hash_block_size = _as_int(hash_block_size, "hash_block_size", 1)
+        hash_block_size = check_int(hash_block_size, "hash_block_size", 1)
         if self.hash_block_size is not None:
             if self.hash_block_size != hash_block_size:
                 raise ValueError(f"request {self.request_id!r} hashes {self.hash_block_size}-token blocks, "
@@ -223,13 +214,13 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_block_size: int | None = None, watermark: float = 0.0):
-        self.block_size = _as_int(block_size, "block_size", 1)
-        hash_block_size = self.block_size if hash_block_size is None else _as_int(hash_block_size, "hash_block_size", 1)
+        self.block_size = check_int(block_size, "block_size", 1)
+        hash_block_size = self.block_size if hash_block_size is None else check_int(hash_block_size, "hash_block_size", 1)
         if self.block_size % hash_block_size:
             raise ValueError(f"hash_block_size={hash_block_size} must divide block_size={self.block_size}")
         if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-        self.block_pool = BlockPool(_as_int(num_blocks, "num_blocks", 2), enable_caching)
+        self.block_pool = BlockPool(check_int(num_blocks, "num_blocks", 2), enable_caching)
         self.enable_caching = bool(enable_caching)
         self.hash_block_size = hash_block_size
         self.hashes_per_block = self.block_size // hash_block_size
@@ -368,15 +359,15 @@ class KVCacheManager:
         """
         self._bind(request)
         B, h, r = self.block_size, self.hash_block_size, self.hashes_per_block
-        num_new_tokens = _as_int(num_new_tokens, "num_new_tokens", 1)
-        num_new_computed_tokens = _as_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
-        num_lookahead_tokens = _as_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
+        num_new_tokens = check_int(num_new_tokens, "num_new_tokens", 1)
+        num_new_computed_tokens = check_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
+        num_lookahead_tokens = check_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
         hit = list(new_computed_blocks or [])
         rid = request.request_id
         req_blocks = self.req_to_blocks.get(rid, [])
         if (hit or num_new_computed_tokens) and req_blocks:
             raise ValueError(f"request {rid!r} already holds blocks; a prefix hit applies to a new request only")
-        if _cdiv(num_new_computed_tokens, B) != len(hit):
+        if cdiv(num_new_computed_tokens, B) != len(hit):
             raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not match "
                              f"{len(hit)} new_computed_blocks of {B} tokens")
         if not req_blocks and request.num_computed_tokens:
@@ -398,7 +389,7 @@ class KVCacheManager:
         partial_hit = bool(hit) and num_new_computed_tokens % B != 0
 
         # The capacity test: one subtraction.
-        num_required = _cdiv(num_computed + num_new_tokens + num_lookahead_tokens, B)
+        num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, B)
         num_new_blocks = max(num_required - len(req_blocks) - len(hit), 0)
         num_to_allocate = num_new_blocks + partial_hit  # the private copy is one more block
         num_evictable_hits = sum(1 for b in hit if b.ref_cnt == 0)  # touching takes them off the queue

@@ -380,7 +380,7 @@ class Model(nn.Module):
         write, attend = _kernel_ops(kernel_backend)
         if kernel_backend == "triton":
             from .kernels.attention import launch_planned, validated_plan
-            from .kernels.kv_write import _launch_reshape_and_cache
+            from .kernels.kv_write import launch_reshape_and_cache
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"input_ids and positions must both be [num_tokens], got shapes "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
@@ -401,7 +401,7 @@ class Model(nn.Module):
                 write(k, v, key_cache, value_cache, m.slot_mapping)  # validates the slot mapping
                 plan = validated_plan(q, *args)
             else:
-                _launch_reshape_and_cache(k, v, key_cache, value_cache, m.slot_mapping)
+                launch_reshape_and_cache(k, v, key_cache, value_cache, m.slot_mapping)
             return launch_planned(plan, q, *args)
 
         x = self.embed_tokens(input_ids)

@@ -34,22 +34,11 @@ import numbers
 import torch
 
 from ._device import default_device
+from .common import cdiv, check_int
 
 __all__ = ["ReqToTokenPool", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"]
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -107,8 +96,8 @@ class ReqToTokenPool:
     """
 
     def __init__(self, size: int, max_context_len: int, device: torch.device | str | None = None):
-        self.size = _positive_int(size, "size")
-        self.max_context_len = _positive_int(max_context_len, "max_context_len")
+        self.size = check_int(size, "size", 1)
+        self.max_context_len = check_int(max_context_len, "max_context_len", 1)
         self.device = torch.device(device) if device is not None else default_device()
         # +1 for the padding row 0.
         self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
@@ -123,7 +112,7 @@ class ReqToTokenPool:
 
     def alloc(self, need_size: int = 1) -> list[int] | None:
         """``need_size`` free rows, or None (and no change) when fewer are free."""
-        n = _count(need_size, "need_size")
+        n = check_int(need_size, "need_size", 0)
         if n > len(self.free_slots):
             return None
         rows, self.free_slots = self.free_slots[:n], self.free_slots[n:]
@@ -231,7 +220,7 @@ class TokenToKVPoolAllocator:
     page_size = 1
 
     def __init__(self, size: int, device: torch.device | str | None = None):
-        self.size = _positive_int(size, "size")
+        self.size = check_int(size, "size", 1)
         self.device = torch.device(device) if device is not None else default_device()
         self.clear()
 
@@ -245,7 +234,7 @@ class TokenToKVPoolAllocator:
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots as an int64 tensor, or None (and no change) when short."""
-        n = _count(need_size, "need_size")
+        n = check_int(need_size, "need_size", 0)
         if n > len(self.free_pages):
             return None
         select, self.free_pages = self.free_pages[:n], self.free_pages[n:]
@@ -286,8 +275,8 @@ class PagedTokenToKVPoolAllocator:
     """
 
     def __init__(self, size: int, page_size: int, device: torch.device | str | None = None):
-        self.size = _positive_int(size, "size")
-        self.page_size = _positive_int(page_size, "page_size")
+        self.size = check_int(size, "size", 1)
+        self.page_size = check_int(page_size, "page_size", 1)
         self.num_pages = self.size // self.page_size
         if self.num_pages < 1:
             raise ValueError(f"size {size} holds no whole page of {page_size} slots")
@@ -309,7 +298,7 @@ class PagedTokenToKVPoolAllocator:
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots filling whole pages (need_size must be a multiple of page_size)."""
-        n = _count(need_size, "need_size")
+        n = check_int(need_size, "need_size", 0)
         if n % self.page_size:
             raise ValueError(f"need_size {n} is not a multiple of page_size {self.page_size}")
         if n // self.page_size > len(self.free_pages):
@@ -363,7 +352,7 @@ class PagedTokenToKVPoolAllocator:
         if torch.unique(tail_pages).numel() != tail_pages.numel():
             raise ValueError("two requests extend the same partial page; its free slots would be handed out twice")
         extend = seq - prefix
-        if extend_num_tokens is not None and _count(extend_num_tokens, "extend_num_tokens") != int(extend.sum()):
+        if extend_num_tokens is not None and check_int(extend_num_tokens, "extend_num_tokens", 0) != int(extend.sum()):
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens) = {int(extend.sum())}")
 
         # Pages each request needs beyond those its prefix already touches.
@@ -376,7 +365,7 @@ class PagedTokenToKVPoolAllocator:
         out, next_page = [], 0
         for i in range(prefix.numel()):
             p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
-            prefix_page_end = -(-p // ps) * ps  # first position past the prefix's last page
+            prefix_page_end = cdiv(p, ps) * ps  # first position past the prefix's last page
             # Case 1: the rest of the prefix's partial last page.
             n1 = min(s, prefix_page_end) - p
             if n1 > 0:

@@ -212,9 +212,9 @@ def test_bad_input_raises_and_changes_nothing(call, exc, words):
 
 
 def test_constructor_rejects_nonsense():
-    with pytest.raises(ValueError, match="max_num_reqs must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="max_num_reqs must be >= 1, got 0"):
         BlockTable(0, 4)
-    with pytest.raises(ValueError, match="max_num_blocks_per_req must be a positive int, got -2"):
+    with pytest.raises(ValueError, match="max_num_blocks_per_req must be >= 1, got -2"):
         BlockTable(2, -2)
 
 

@@ -130,36 +130,37 @@ def test_pool_with_nothing_left_names_the_arithmetic():
         b.kv_pool_bytes(16 * GiB, 0.9, 14.96 * GiB, 6 * GiB)
 
 
-@pytest.mark.parametrize("call,needle", [
-    (lambda: b.kv_pool_bytes(-1, 0.9, 0, 0), "total_bytes must be a non-negative number, got -1"),
-    (lambda: b.kv_pool_bytes(80 * GiB, 0.9, -5, 0), "weight_bytes must be a non-negative number, got -5"),
-    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 0), "block_size must be a positive integer, got 0"),
-    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 16.0), "block_size must be a positive integer, got 16.0"),
-    (lambda: b.token_slots(10, -4), "block_size must be a positive integer, got -4"),
-    (lambda: b.paged_ceiling(100, 0, 16), "request_len must be a positive integer, got 0"),
-    (lambda: b.contiguous_reservations(1 * GiB, "Llama-3-8B", -1), "max_model_len must be a positive integer, got -1"),
-    (lambda: b.kv_bytes_per_token("Llama-4-9000B"), "unknown model 'Llama-4-9000B'"),
-    (lambda: b.plan(gpu="H900"), "unknown GPU 'H900'"),
-    (lambda: b.kv_bytes_per_token("Llama-3-8B", "int3"), "unknown KV cache dtype 'int3'"),
-    (lambda: b.plan(non_kv_gib=-1), "non_kv_gib must be a non-negative number, got -1 (negative)"),
-    (lambda: b.token_slots(2.5, 16), "num_blocks must be a non-negative integer, got 2.5"),
-    (lambda: b.token_slots(True, 16), "num_blocks must be a non-negative integer, got True"),
-    (lambda: b.token_slots(-1, 16), "num_blocks must be a non-negative integer, got -1"),
-    (lambda: b.paged_ceiling(100.0, 612, 16), "num_blocks must be a non-negative integer, got 100.0"),
-    (lambda: b.blocks_per_request(612, 16.0), "block_size must be a positive integer, got 16.0"),
-    (lambda: b.kv_heads_per_rank("Llama-3-8B", 2.0), "tensor_parallel_size must be a positive integer, got 2.0"),
-    (lambda: b.check_enough_kv_cache_memory(float("nan"), "Llama-3-8B", 1024),
-     "pool_bytes must be a non-negative number, got nan (NaN)"),
-    (lambda: b.check_enough_kv_cache_memory(-1.0, "Llama-3-8B", 1024),
-     "pool_bytes must be a non-negative number, got -1.0 (negative)"),
-    (lambda: b.check_enough_kv_cache_memory(float("inf"), "Llama-3-8B", 1024),
-     "pool_bytes must be a non-negative number, got inf (infinite)"),
-    (lambda: b.check_enough_kv_cache_memory("8 GiB", "Llama-3-8B", 1024),
-     "pool_bytes must be a non-negative number, got '8 GiB' (a str, not a number)"),
-    (lambda: b.kv_bytes_per_token("Llama-3-8B", ["bf16"]), "unknown KV cache dtype ['bf16']"),
+@pytest.mark.parametrize("call,error,needle", [
+    (lambda: b.kv_pool_bytes(-1, 0.9, 0, 0), ValueError, "total_bytes must be a finite number in [0, inf), got -1"),
+    (lambda: b.kv_pool_bytes(80 * GiB, 0.9, -5, 0), ValueError, "weight_bytes must be a finite number in [0, inf), got -5"),
+    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 0), ValueError, "block_size must be >= 1, got 0"),
+    (lambda: b.num_gpu_blocks(1 * GiB, "Llama-3-8B", 16.0), TypeError, "block_size must be an int, got float 16.0"),
+    (lambda: b.token_slots(10, -4), ValueError, "block_size must be >= 1, got -4"),
+    (lambda: b.paged_ceiling(100, 0, 16), ValueError, "request_len must be >= 1, got 0"),
+    (lambda: b.contiguous_reservations(1 * GiB, "Llama-3-8B", -1), ValueError, "max_model_len must be >= 1, got -1"),
+    (lambda: b.kv_bytes_per_token("Llama-4-9000B"), ValueError, "unknown model 'Llama-4-9000B'"),
+    (lambda: b.plan(gpu="H900"), ValueError, "unknown GPU 'H900'"),
+    (lambda: b.kv_bytes_per_token("Llama-3-8B", "int3"), ValueError, "unknown KV cache dtype 'int3'"),
+    (lambda: b.plan(non_kv_gib=-1), ValueError, "non_kv_gib must be a finite number in [0, inf), got -1"),
+    (lambda: b.token_slots(2.5, 16), TypeError, "num_blocks must be an int, got float 2.5"),
+    (lambda: b.token_slots(True, 16), TypeError, "num_blocks must be an int, got bool True"),
+    (lambda: b.token_slots(-1, 16), ValueError, "num_blocks must be >= 0, got -1"),
+    (lambda: b.paged_ceiling(100.0, 612, 16), TypeError, "num_blocks must be an int, got float 100.0"),
+    (lambda: b.blocks_per_request(612, 16.0), TypeError, "block_size must be an int, got float 16.0"),
+    (lambda: b.kv_heads_per_rank("Llama-3-8B", 2.0), TypeError, "tensor_parallel_size must be an int, got float 2.0"),
+    (lambda: b.check_enough_kv_cache_memory(float("nan"), "Llama-3-8B", 1024), ValueError,
+     "pool_bytes must be a finite number in [0, inf), got nan"),
+    (lambda: b.check_enough_kv_cache_memory(-1.0, "Llama-3-8B", 1024), ValueError,
+     "pool_bytes must be a finite number in [0, inf), got -1.0"),
+    (lambda: b.check_enough_kv_cache_memory(float("inf"), "Llama-3-8B", 1024), ValueError,
+     "pool_bytes must be a finite number in [0, inf), got inf"),
+    (lambda: b.check_enough_kv_cache_memory("8 GiB", "Llama-3-8B", 1024), TypeError,
+     "pool_bytes must be a number, got str '8 GiB'"),
+    (lambda: b.kv_bytes_per_token("Llama-3-8B", ["bf16"]), ValueError, "unknown KV cache dtype ['bf16']"),
 ])
-def test_bad_input_is_named(call, needle):
-    with pytest.raises(ValueError) as info:
+def test_bad_input_is_named(call, error, needle):
+    """TypeError for a wrong type (bool and float where an int belongs), ValueError for a wrong value."""
+    with pytest.raises(error) as info:
         call()
     assert needle in str(info.value)
 
@@ -211,7 +212,7 @@ def test_free_memory_below_the_request_refuses_to_start():
 
 
 @pytest.mark.parametrize("free_and_total,needle", [
-    ((-1, H100_TOTAL), "free memory must be a non-negative number"),
+    ((-1, H100_TOTAL), "free memory must be a finite number in [0, inf)"),
     ((H100_TOTAL + 1, H100_TOTAL), "exceeds total"),
 ])
 def test_free_memory_bad_figures_are_named(free_and_total, needle):

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest
 
 from pagedkv import budget
-from pagedkv.calculator import (BudgetCalculator, budget_parts, fmt_fraction, plan_html,
+from pagedkv.views.calculator import (BudgetCalculator, budget_parts, fmt_fraction, plan_html,
                                 plot_budget, startup_error)
 
 needs_widgets = pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None,

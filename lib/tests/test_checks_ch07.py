@@ -13,7 +13,7 @@ import torch
 
 import pagedkv  # noqa: F401  -- fixes the Triton mode before the solution's kernel is defined
 from pagedkv import checks
-from pagedkv._notebooks import load_cell_function
+from tools.notebooks import load_cell_function
 from pagedkv.kernels import paged_attention_ref
 
 SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "07_paged_attention.ipynb"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pagedkv import checks
-from pagedkv._notebooks import load_cell_function
+from tools.notebooks import load_cell_function
 from pagedkv.checks import ch08_serving_engine as ch08
 from pagedkv.engine import preempt_last_running
 

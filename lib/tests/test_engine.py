@@ -23,6 +23,7 @@ from pagedkv.engine.request import EngineRequest
 from pagedkv.engine.sizing import dummy_batch, model_spec_of
 from pagedkv.kv_cache_manager import KVCacheManager
 from pagedkv.model import Model, ModelConfig, dense_logits
+from pagedkv.views.engine_trace import EngineTrace
 
 VOCAB = ModelConfig.preset("tiny").vocab_size
 
@@ -537,7 +538,7 @@ def test_stats_and_the_periodic_log_line(model):
 
 def test_trace_replays_one_frame_per_step(model):
     engine = LLMEngine(tiny_args(num_gpu_blocks_override=12, max_model_len=40), model)
-    trace = engine.record_trace(title="engine")
+    trace = EngineTrace(engine, title="engine").start()
     engine.generate([[1, 2, 3, 4, 5], [9, 8, 7]], max_tokens=3, ignore_eos=True)
     trace.stop()
     engine.generate([[1, 2]], max_tokens=1)
@@ -549,7 +550,7 @@ def test_trace_replays_one_frame_per_step(model):
 
 
 def test_live_views_follow_the_engine_throttled(model):
-    from pagedkv.widgets import BlockPoolView, BlockTableView
+    from pagedkv.views.widgets import BlockPoolView, BlockTableView
 
     engine = LLMEngine(tiny_args(num_gpu_blocks_override=12, max_model_len=40), model)
     pool_view = BlockPoolView(engine.kv_cache_manager.block_pool, min_interval=0)

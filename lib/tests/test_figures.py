@@ -9,12 +9,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pagedkv.block_table import BlockTable  # noqa: E402
-from pagedkv.figures import (  # noqa: E402
+from pagedkv.views.figures import (  # noqa: E402
     block_table_figure,
     pool_history_figure,
     pool_snapshot,
 )
-from pagedkv.scheduler_sim import PagedKV  # noqa: E402
+from pagedkv.sim.scheduler_sim import PagedKV  # noqa: E402
 
 
 def _texts(fig):
@@ -60,7 +60,7 @@ def test_pool_history_figure_labels_states():
 
 
 def test_allocation_layout_draws_ranges_block_by_block():
-    from pagedkv.figures import allocation_layout
+    from pagedkv.views.figures import allocation_layout
 
     text = allocation_layout(0, 32, 40, 4, 16)
     lines = text.splitlines()

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedkv import budget
-from pagedkv import fragmentation as fr
+from pagedkv.sim import fragmentation as fr
 from pagedkv.budget import GiB, KiB, MiB
 
 BPT = budget.kv_bytes_per_token("Llama-3-8B")  # 128 KiB

@@ -527,10 +527,10 @@ def test_request_hashes_follow_appended_tokens():
         (lambda: Request("r", []), ValueError, "empty prompt"),
         (lambda: Request(5, [1]), TypeError, "request_id must be a str"),
         (lambda: Request("r", [1, 2.5]), TypeError, r"prompt_token_ids\[1\] = 2.5"),
-        (lambda: Request("r", [1], max_tokens=0), ValueError, "max_tokens must be at least 1, got 0"),
+        (lambda: Request("r", [1], max_tokens=0), ValueError, "max_tokens must be >= 1, got 0"),
         (lambda: KVCacheManager(10, 4, hash_block_size=3), ValueError, "hash_block_size=3 must divide block_size=4"),
-        (lambda: KVCacheManager(10, 0), ValueError, "block_size must be at least 1, got 0"),
-        (lambda: KVCacheManager(1, 4), ValueError, "num_blocks must be at least 2, got 1"),
+        (lambda: KVCacheManager(10, 0), ValueError, "block_size must be >= 1, got 0"),
+        (lambda: KVCacheManager(1, 4), ValueError, "num_blocks must be >= 2, got 1"),
         (lambda: KVCacheManager(10, 4, watermark=1.5), ValueError, "watermark must be a fraction"),
     ],
 )
@@ -551,7 +551,7 @@ def test_bad_allocation_arguments_change_nothing():
     other = Request("o", [3] * 20, max_tokens=1)
     before = snapshot(m)
     cases = [
-        (lambda: m.allocate_slots(b, 0, n, blocks), ValueError, "num_new_tokens must be at least 1, got 0"),
+        (lambda: m.allocate_slots(b, 0, n, blocks), ValueError, "num_new_tokens must be >= 1, got 0"),
         (lambda: m.allocate_slots(b, 1.0), TypeError, "num_new_tokens must be an int"),
         (lambda: m.allocate_slots(b, 13), ValueError, "has 12 tokens; cannot compute 13 after 0"),
         (lambda: m.allocate_slots(b, 1, n, blocks[:-1]), ValueError, "does not match"),

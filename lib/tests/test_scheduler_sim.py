@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pagedkv.scheduler_sim import (
+from pagedkv.sim.scheduler_sim import (
     InvariantError,
     PagedKV,
     SchedulerSim,
@@ -397,7 +397,7 @@ def test_scheduler_bad_input():
         SchedulerSim(4, 4).run([SimRequest("x", 1, 1), SimRequest("x", 2, 1)])
     with pytest.raises(ValueError, match="cleanup_delay"):
         SchedulerSim(4, 4, cleanup_delay=-1)
-    with pytest.raises(ValueError, match="prompt_len must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="prompt_len must be >= 1, got 0"):
         SimRequest("z", 0, 1)
     with pytest.raises(TypeError, match="trace\\[0\\] must be a SimRequest, got int 1"):
         SchedulerSim(4, 4).run([1, 2])

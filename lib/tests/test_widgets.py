@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from pagedkv import widgets
+from pagedkv.views import widgets
 from pagedkv.block_pool import BlockPool
-from pagedkv.widgets import (
+from pagedkv.views.widgets import (
     COLORS,
     BlockOwners,
     BlockPoolView,

@@ -26,7 +26,8 @@ import pagedkv
 from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
 from pagedkv.bench._report import merge_section
 from pagedkv.budget import gpu_for_device_name
-from pagedkv.kernels.attention import _launch, paged_attention, paged_attention_ref, paginate, plan_attention
+from pagedkv.kernels.attention import launch_attention, paged_attention, paged_attention_ref, paginate, plan_attention
+from ..common import cdiv
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 DECODE = [(b, c) for b in (1, 16, 64) for c in (1024, 4096, 16384)]
@@ -52,7 +53,7 @@ def _interpreter_check() -> bool:
 def _paged_case(batch: int, q_len: int, ctx: int, dev, g, block: int = BLOCK):
     """Q for ``batch`` requests of ``ctx + q_len`` tokens, K/V in shuffled blocks."""
     seq = ctx + q_len
-    nblk = -(-seq // block)
+    nblk = cdiv(seq, block)
     num_blocks = batch * nblk
     kc = torch.randn(num_blocks, block, KV_HEADS, HEAD_DIM, device=dev, generator=g, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -95,7 +96,7 @@ def _measure(name, batch, q_len, ctx, dev, g, peak, splits=None, block=BLOCK):
     if ref is not None:
         err = (got.float() - ref.float()).abs().max().item()
         assert err < 3e-2, f"{name}: kernel differs from reference by {err}"
-    ms = time_ms(lambda: _launch(q, kc, vc, table, seq_lens, qsl, scale, plan, out))
+    ms = time_ms(lambda: launch_attention(q, kc, vc, table, seq_lens, qsl, scale, plan, out))
     sdpa_fn, backend = _sdpa(q, kc, vc, table, batch, q_len, seq)
     ms_sdpa = time_ms(sdpa_fn)
     nbytes = 2 * batch * seq * KV_HEADS * HEAD_DIM * 2 + 2 * q.numel() * 2  # K+V once, Q in, O out

@@ -16,7 +16,7 @@ import argparse
 import time
 
 from pagedkv import budget
-from pagedkv import fragmentation as fr
+from pagedkv.sim import fragmentation as fr
 
 
 def reference_pool_slots() -> int:

@@ -19,8 +19,9 @@ import torch
 
 import pagedkv
 from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
-from pagedkv.kernels.kv_write import _launch_reshape_and_cache, reshape_and_cache, reshape_and_cache_ref
-from pagedkv.kernels.slot_mapping import _launch_slot_mapping, compute_slot_mapping, compute_slot_mapping_ref
+from pagedkv.kernels.kv_write import launch_reshape_and_cache, reshape_and_cache, reshape_and_cache_ref
+from pagedkv.kernels.slot_mapping import launch_slot_mapping, compute_slot_mapping, compute_slot_mapping_ref
+from ..common import cdiv
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -83,11 +84,11 @@ def main(argv: list[str]) -> int:
 
     # Bytes that must move: read req and pos (int64), one int32 table cell, write one int64 slot.
     sm_bytes = n_tok * (8 + 8 + 4 + 8)
-    ms_sm_kernel = time_ms(lambda: _launch_slot_mapping(table, req, pos, bs, out))
+    ms_sm_kernel = time_ms(lambda: launch_slot_mapping(table, req, pos, bs, out))
     ms_sm_torch = time_ms(torch_slots)
 
     # --- KV write: every token to a distinct random slot -----------------------------------------
-    kv_blocks = max(-(-n_tok // bs) * 2, 1)  # room for every token, twice over
+    kv_blocks = max(cdiv(n_tok, bs) * 2, 1)  # room for every token, twice over
     shape = (kv_blocks, bs, args.heads, args.head_dim)
     key_cache = torch.zeros(shape, dtype=dtype, device=dev)
     value_cache = torch.zeros_like(key_cache)
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
 
     # Read K and V, write them into the caches, read the slots.
     kv_bytes = 2 * 2 * key.numel() * key.element_size() + n_tok * 8
-    ms_kv_kernel = time_ms(lambda: _launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
+    ms_kv_kernel = time_ms(lambda: launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
     ms_kv_torch = time_ms(torch_write)
 
     print(f"shapes: {n_tok} tokens, table {args.reqs} x {max_blocks}, block_size {bs}, "

@@ -14,7 +14,7 @@ The learner writes three functions:
   allocator of ``capacity`` slots unable to admit one more request of ``need``
   slots although at least ``need`` slots are free.
 
-Each is compared with the library (``pagedkv.fragmentation``) and with an
+Each is compared with the library (``pagedkv.sim.fragmentation``) and with an
 independent oracle written here (a block count for tail waste, a slot bitmap
 for free extents), on known answers and seeded random cases.
 """
@@ -27,7 +27,7 @@ import random
 
 import numpy as np
 
-from .. import fragmentation as fr
+from ..sim import fragmentation as fr
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
                        expect_equal, expect_int, wrong)
 

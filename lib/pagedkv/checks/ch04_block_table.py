@@ -23,6 +23,7 @@ import torch
 
 from ..kernels.slot_mapping import compute_slot_mapping_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, name_mistake
+from ..common import cdiv
 
 __all__ = ["check_slot_mapping_numpy"]
 
@@ -72,7 +73,7 @@ SLOT_MISTAKES = [
             lambda *a: _model(*a, padding=lambda s: 0)),
     Mistake("a ceil where a floor belongs", "position p sits in column "
             "p // block_size: positions 0 .. B-1 are column 0",
-            lambda *a: _model(*a, column=lambda p, B: -(-p // B))),
+            lambda *a: _model(*a, column=lambda p, B: cdiv(p, B))),
     Mistake("column and offset swapped", "the column is p // block_size "
             "and the offset p % block_size",
             lambda *a: _model(*a, column=lambda p, B: p % B,

@@ -43,6 +43,7 @@ from ..kernels.slot_mapping import compute_slot_mapping_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from ._triton_launches import count_triton_launches
 from .ch04_block_table import SLOT_MISTAKES, diagnose_slots
+from ..common import cdiv
 
 __all__ = ["check_slot_mapping_kernel", "check_kv_write_kernel"]
 
@@ -277,7 +278,7 @@ catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES, [READ_
 
 def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, heads: int = 2, head_dim: int = 8,
                     tokens: int = 6):
-    num_blocks = max(3, -(-2 * tokens // block_size))
+    num_blocks = max(3, cdiv(2 * tokens, block_size))
     key = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
     value = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
     shape = (num_blocks, block_size, heads, head_dim)

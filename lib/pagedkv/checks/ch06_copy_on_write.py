@@ -8,7 +8,7 @@ The learner writes the copy-on-write branch of ``PagedKV.append``:
   when no page is free.
 
 The checker plugs the function into a subclass of
-:class:`pagedkv.scheduler_sim.PagedKV` (it overrides ``copy_on_write``, the one
+:class:`pagedkv.sim.scheduler_sim.PagedKV` (it overrides ``copy_on_write``, the one
 method ``append`` calls for that branch) and runs the chapter's cases and the
 randomized test: seeded random operations compared, after every one, with an
 independent oracle of plain Python lists, with ``check()`` after every
@@ -17,13 +17,12 @@ mutation and the contents of every pinned page frozen.
 
 from __future__ import annotations
 
-import copy
-import random
 
-from ..scheduler_sim import PagedKV
+from ..sim.paged_kv_trial import check_after, pool_state, random_trial
+from ..sim.scheduler_sim import PagedKV
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, expect_equal, expect_int
 
-__all__ = ["check_copy_on_write"]  # random_trial is public too, for the chapter
+__all__ = ["check_copy_on_write"]
 
 
 def _with_hook(fn) -> type:
@@ -33,80 +32,6 @@ def _with_hook(fn) -> type:
         return fn(self, request_id)
 
     return type("LearnerPagedKV", (PagedKV,), {"copy_on_write": copy_on_write})
-
-
-def _state(pool: PagedKV):
-    return copy.deepcopy((pool.pages, sorted(pool.free), pool.tables, pool.owners, pool.pins, pool.transfers))
-
-
-def _checked(pool: PagedKV, when: str) -> None:
-    try:
-        pool.check()
-    except AssertionError as exc:
-        raise AssertionError(f"{when}: {exc}") from None
-
-
-def random_trial(cls: type, seed: int, n_ops: int) -> None:
-    """One seeded run of create/append/fork/pin/unpin/release against a list oracle.
-
-    Raises ``AssertionError`` naming the seed, the operation and what differed;
-    returns quietly when every read matched, ``check()`` held after every
-    operation and no pinned page changed.
-    """
-    rng = random.Random(seed)
-    block_size = rng.randint(2, 4)  # at least 2, so partial tails exist
-    pool = cls(rng.randint(3, 12), block_size)
-    seqs: dict[str, list[int]] = {}  # the oracle: each request's tokens
-    frozen: dict[str, dict[int, list[int]]] = {}  # live transfer -> its pages' contents at pin time
-    n = 0
-    for step in range(n_ops):
-        live = sorted(seqs)
-        ops = ["create"] + (["append"] * 4 + ["fork", "pin", "release"] if live else []) + (["unpin"] if frozen else [])
-        op = rng.choice(ops)
-        where = f"seed {seed}, operation {step} ({op})"
-        n += 1
-        before, was_full = _state(pool), not pool.free
-        try:
-            if op == "create":
-                pool.create(f"r{n}")
-                seqs[f"r{n}"] = []
-            elif op == "append":
-                rid = rng.choice(live)
-                pool.append(rid, n)
-                seqs[rid].append(n)
-            elif op == "fork":
-                parent = rng.choice(live)
-                pool.fork(parent, f"r{n}")
-                seqs[f"r{n}"] = list(seqs[parent])
-            elif op == "pin":
-                rid = rng.choice([r for r in live if seqs[r]] or live)
-                if not seqs[rid]:
-                    continue
-                pages = pool.pin(rid, f"t{n}")
-                frozen[f"t{n}"] = {p: list(pool.pages[p]) for p in pages}
-            elif op == "unpin":
-                handle = rng.choice(sorted(frozen))
-                pool.unpin(handle)
-                del frozen[handle]
-            else:
-                rid = rng.choice(live)
-                pool.release(rid)
-                del seqs[rid]
-        except MemoryError:
-            if not was_full:
-                raise AssertionError(f"{where}: MemoryError although {len(before[1])} pages were free") from None
-            if _state(pool) != before:
-                raise AssertionError(f"{where}: MemoryError, but the pool changed; allocate before changing anything") from None
-        _checked(pool, where)
-        for rid, tokens in seqs.items():
-            got = pool.read(rid)
-            if got != tokens:
-                raise AssertionError(f"{where}: read({rid!r}) = {got}, expected {tokens}")
-        for handle, pages in frozen.items():
-            for page, contents in pages.items():
-                if pool.pages.get(page) != contents:
-                    raise AssertionError(f"{where}: page {page}, pinned by {handle!r}, changed from {contents} "
-                                         f"to {pool.pages.get(page)}")
 
 
 COW_MISTAKES = [
@@ -156,11 +81,11 @@ def _diagnose_cow(fn) -> str | None:
         pool.create("a")
         pool.append("a", 7)
         pool.fork("a", "b")
-        before = _state(pool)
+        before = pool_state(pool)
         try:
             fn(pool, "b")
         except MemoryError:
-            if _state(pool) != before:
+            if pool_state(pool) != before:
                 return COW_MISTAKES[5].diagnosis()
     except Exception:  # noqa: BLE001 -- the property's message says what happened
         return None
@@ -184,7 +109,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             expect_equal(pool.read("a"), [10], "read('a') after b appends")
             expect_equal(pool.read("b"), [10, 20], "read('b') after b appends")
             expect_equal(pool.tables["a"], [source], "a's table (only b's entry may move)")
-            _checked(pool, "after b appends")
+            check_after(pool, "after b appends")
             pool.release("a")
             pool.unpin("transfer-1")
             expect_equal(source in pool.free, True, "the source page is free once a and the transfer are done")
@@ -209,7 +134,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
                     _diagnose_cow(fn))
             expect_equal(pool.read("a"), [1, 2, 3, 4, 5], "read('a')")
             expect_equal(pool.read("b"), [1, 2, 3, 4, 5, 6], "read('b')")
-            _checked(pool, "after b appends")
+            check_after(pool, "after b appends")
 
         c.prop("three pages: only the partial tail is copied, the full pages "
                "stay shared", three_pages, "the tail is pool.tables[request_id][-1]")
@@ -227,7 +152,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             expect_equal(pool.pages[page], [1], "the new page's contents")
             expect_equal(pool.owners[page], {"b"}, "owners of the new page")
             expect_equal(pool.owners[old], {"a"}, "owners of the old page")
-            _checked(pool, "after copy_on_write")
+            check_after(pool, "after copy_on_write")
 
         c.prop("returns the new page id, now b's tail, owned by b alone", returns_new_page,
                "move the owner reference: add it to the new page, drop it from the old one")
@@ -241,7 +166,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             pool.append("a", 3)
             expect_equal(pool.pages[page], [1, 2], "the pinned page (a transfer may still read it)")
             expect_equal(pool.read("a"), [1, 2, 3], "read('a')")
-            _checked(pool, "after the append")
+            check_after(pool, "after the append")
             pool.unpin("x")
             expect_equal(page in pool.free, True, "the old page is free once the transfer completes")
 
@@ -253,14 +178,14 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             pool.create("a")
             pool.append("a", 7)
             pool.fork("a", "b")
-            before = _state(pool)
+            before = pool_state(pool)
             try:
                 pool.append("b", 8)
             except MemoryError:
                 pass
             else:
                 raise AssertionError("append on a full one-page pool did not raise MemoryError")
-            if _state(pool) != before:
+            if pool_state(pool) != before:
                 raise AssertionError("MemoryError was raised, but the pool changed")
             expect_equal((pool.read("a"), pool.read("b")), ([7], [7]), "reads after the failed append")
 

@@ -24,13 +24,11 @@ from __future__ import annotations
 from ..kv_cache_manager import KVCacheManager, Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from .ch03_pool_decisions import manager_trial
+from ..common import cdiv
 
 __all__ = ["check_get_computed_blocks", "check_can_allocate",
            "check_redirect_partial_hit"]
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _ids(blocks) -> list[int]:
@@ -255,7 +253,7 @@ def _install_capacity(fn):
             hit = list(new_computed_blocks or [])
             req_blocks = m.req_to_blocks.get(rid, [])
             computed = request.num_computed_tokens + num_new_computed_tokens
-            required = _cdiv(computed + num_new_tokens + num_lookahead_tokens, B)
+            required = cdiv(computed + num_new_tokens + num_lookahead_tokens, B)
             n = max(required - len(req_blocks) - len(hit), 0)
             n += bool(hit) and num_new_computed_tokens % B != 0
             evictable = sum(1 for b in hit if b.ref_cnt == 0)

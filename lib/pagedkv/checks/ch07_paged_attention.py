@@ -27,6 +27,7 @@ from .._device import default_device
 from ..kernels.attention import paged_attention_ref
 from ._harness import Checker, CheckReport
 from ._triton_launches import count_triton_launches
+from ..common import cdiv
 
 __all__ = ["check_decode_attention"]
 
@@ -37,7 +38,7 @@ def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, 
     """A decode step: scattered blocks, poison blocks behind every unused table column."""
     g = torch.Generator().manual_seed(seed)
     lens = [int(x) for x in torch.randint(1, max_len + 1, (num_reqs,), generator=g)]
-    need = [-(-n // block_size) for n in lens]
+    need = [cdiv(n, block_size) for n in lens]
     num_poison = 2
     num_blocks = sum(need) + num_poison + 2
     shape = (num_blocks, block_size, kv_heads, head_dim)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from ..engine import EngineArgs, EngineRequest, LLMEngine, RequestStatus, Scheduler, preempt_last_running
 from ..kv_cache_manager import KVCacheManager
 from ._harness import Checker, CheckReport
+from ..common import cdiv
 
 __all__ = ["check_preemption_loop"]
 
@@ -141,9 +142,6 @@ class _Foul(AssertionError):
     """A move of the learner's function that vLLM's loop would not make; the message names it."""
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 class _Call:
     """One call of the learner's function: every allocation, preemption and the return, judged as they happen."""
@@ -209,7 +207,7 @@ class _Call:
             self._whistle(f"preempted {vid}, which is not running (do not change scheduler.running "
                           "yourself: scheduler.preempt takes the victim out)")
         # Without a failed try since the last preemption, the request must not fit now.
-        need = _cdiv(self.request.num_computed_tokens + self.n, self.manager.block_size) \
+        need = cdiv(self.request.num_computed_tokens + self.n, self.manager.block_size) \
             - len(self.manager.req_to_blocks.get(rid, []))
         free = self.manager.get_num_free_blocks()
         if not self.tried and need <= free:
@@ -305,7 +303,7 @@ def _hand_built(spec, free: int, block_size: int = 4):
 
     Each request holds the blocks for its computed tokens; ``free`` blocks stay free.
     """
-    held = sum(_cdiv(c, block_size) for _, _, c in spec)
+    held = sum(cdiv(c, block_size) for _, _, c in spec)
     manager = KVCacheManager(1 + held + free, block_size, enable_caching=False)
     sched = Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
     for arrival, (rid, num_tokens, computed) in enumerate(spec):

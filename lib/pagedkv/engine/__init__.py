@@ -9,8 +9,9 @@ One concept per module:
 - ``sizing``: how many blocks the pool gets, and the startup check;
 - ``worker``: block-table rows, KV caches, the forward pass and greedy sampling;
 - ``stats``: ``EngineStats`` and vLLM's periodic log line;
-- ``trace``: one frame per step, replayable in a static page;
-- ``llm_engine``: ``LLMEngine``, which ties them together.
+- ``llm_engine``: ``LLMEngine``, which ties them together and calls step
+  listeners after every step (the views in ``pagedkv.views`` attach there; the
+  engine never imports them).
 
 Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
 
@@ -38,11 +39,10 @@ from .request import EngineRequest, RequestOutput, RequestStatus
 from .scheduler import Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
 from .stats import EngineStats
-from .trace import EngineTrace
 from .worker import Worker
 
 __all__ = [
     "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLMEngine", "EngineRequest", "RequestOutput",
     "RequestStatus", "Scheduler", "SchedulerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
-    "EngineStats", "EngineTrace", "Worker",
+    "EngineStats", "Worker",
 ]

@@ -11,8 +11,8 @@ Building the engine sizes the KV pool (``sizing``), runs chapter 1's startup
 check, and allocates the caches. Everything the engine decides is visible:
 ``engine.scheduler`` (queues and the last ``SchedulerOutput``),
 ``engine.kv_cache_manager`` (the pool), ``engine.block_table`` (the worker's
-rows), ``engine.stats()``, step listeners for live views, and a trace that
-replays in a static page.
+rows), ``engine.stats()``, and step listeners, where live views and the
+trace recorder of ``pagedkv.views`` attach.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class LLMEngine:
         self._stats.end_interval()
         return stats
 
-    # ------------------------------------------------------- listeners, traces
+    # -------------------------------------------------------------- listeners
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         """Call ``listener(engine, scheduler_output, outputs)`` after every step; returns an unsubscribe function."""
         if not callable(listener):
@@ -270,15 +270,6 @@ class LLMEngine:
 
         return unsubscribe
 
-    def record_trace(self, max_frames: int = 200, title: str | None = None, max_table_columns: int = 16):
-        """Start recording one frame per step (pool picture, block table, the step's decisions).
-
-        Returns the ``EngineTrace``; ``trace.stop()`` ends it, ``trace.replay()``
-        plays it (also in a static page).
-        """
-        from .trace import EngineTrace
-
-        return EngineTrace(self, max_frames=max_frames, title=title, max_table_columns=max_table_columns).start()
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from .._device import INTERPRETED, on_gpu, require_kernel_device
-from .slot_mapping import check_tensor_args
+from .tensor_checks import check_tensor_args
 
 __all__ = [
     "paged_attention",
@@ -331,7 +331,7 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
     return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid)
 
 
-def _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
+def launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
     """Launch on validated tensors (the benchmark times this alone)."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -401,7 +401,7 @@ def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start
 
 def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
     """``paged_attention`` for arguments already validated by ``validated_plan`` (same shapes)."""
-    return _launch(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan,
+    return launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan,
                    torch.empty_like(q))
 
 

@@ -29,9 +29,9 @@ import triton
 import triton.language as tl
 
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
-from .slot_mapping import refuse_meta_tensor
+from .tensor_checks import refuse_meta_tensor
 
-__all__ = ["copy_blocks", "copy_blocks_ref", "validate_block_pairs"]
+__all__ = ["copy_blocks", "copy_blocks_ref", "launch_copy_blocks", "validate_block_pairs"]
 
 _TILE_MAX = 1024  # elements per program; a power of two (tl.arange)
 
@@ -149,10 +149,10 @@ def copy_blocks(kv_caches: Sequence, block_pairs) -> None:
         return
     device = caches[0].device
     cache_ptrs = torch.tensor([t.data_ptr() for t in caches], dtype=torch.int64, device=device)
-    _launch_copy_blocks(cache_ptrs, torch.from_numpy(pairs).to(device), caches[0])
+    launch_copy_blocks(cache_ptrs, torch.from_numpy(pairs).to(device), caches[0])
 
 
-def _launch_copy_blocks(cache_ptrs: torch.Tensor, pairs: torch.Tensor, like: torch.Tensor) -> None:
+def launch_copy_blocks(cache_ptrs: torch.Tensor, pairs: torch.Tensor, like: torch.Tensor) -> None:
     """Launch on validated inputs (the benchmark times this alone).
 
     ``cache_ptrs``: int64 base addresses; ``pairs``: ``[n, 2]`` int64 on the

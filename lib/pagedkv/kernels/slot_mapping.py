@@ -21,40 +21,11 @@ import triton
 import triton.language as tl
 
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
+from .tensor_checks import as_index_tensor, refuse_meta_tensor
 
 PAD_SLOT_ID = -1  # the slot of a padding token; every writer skips it
 
-__all__ = ["PAD_SLOT_ID", "compute_slot_mapping", "compute_slot_mapping_ref"]
-
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def refuse_meta_tensor(tensor: torch.Tensor, name: str) -> None:
-    """Refuse a tensor on PyTorch's ``meta`` device, naming the argument.
-
-    A meta tensor has a shape and a dtype but no data, so validation cannot
-    read it (PyTorch's own error would not say which argument) and a kernel
-    could not either. Shared by the kernel wrappers of this package.
-    """
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"{name} is on the meta device, which holds no data; the kernels need real tensors "
-            f"(create it on pagedkv.default_device())"
-        )
-
-
-def check_tensor_args(named: dict) -> None:
-    """The checks every kernel wrapper starts with: tensors, with data, contiguous, on one device."""
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        refuse_meta_tensor(t, name)
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    devices = {str(t.device) for t in named.values()}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(devices)}")
-
+__all__ = ["PAD_SLOT_ID", "compute_slot_mapping", "compute_slot_mapping_ref", "launch_slot_mapping"]
 
 @triton.jit
 def _slot_mapping_kernel(
@@ -86,20 +57,6 @@ def _slot_mapping_kernel(
     tl.store(slot_mapping_ptr + offsets, slot, mask=in_range)
 
 
-def _as_index_tensor(x, name: str, device: torch.device) -> torch.Tensor:
-    """Accept a tensor, numpy array or sequence of integers; return a 1-D integer tensor."""
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
-        if x.numel() == 0:
-            x = x.to(torch.int64)
-    refuse_meta_tensor(x, name)
-    if x.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must hold int32 or int64 values, got dtype {x.dtype}")
-    if x.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
-    return x.to(device).contiguous()
-
-
 def _validate(block_table, req_indices, positions, block_size):
     """Check everything the kernel would trust; return the index tensors on the table's device.
 
@@ -119,8 +76,8 @@ def _validate(block_table, req_indices, positions, block_size):
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
 
     device = block_table.device
-    req = _as_index_tensor(req_indices, "req_indices", device)
-    pos = _as_index_tensor(positions, "positions", device)
+    req = as_index_tensor(req_indices, "req_indices", device)
+    pos = as_index_tensor(positions, "positions", device)
     if req.shape != pos.shape:
         raise ValueError(
             f"req_indices and positions must have the same length, got {req.numel()} and {pos.numel()}"
@@ -156,7 +113,7 @@ def _validate(block_table, req_indices, positions, block_size):
     return req, pos
 
 
-def _launch_slot_mapping(block_table, req, pos, block_size, out) -> torch.Tensor:
+def launch_slot_mapping(block_table, req, pos, block_size, out) -> torch.Tensor:
     """Launch the kernel on already-validated tensors (the benchmark times this alone)."""
     num_tokens = req.numel()
     if num_tokens == 0:
@@ -188,7 +145,7 @@ def compute_slot_mapping(block_table, req_indices, positions, block_size: int) -
     req, pos = _validate(block_table, req_indices, positions, block_size)
     require_kernel_device(block_table, "block_table")
     out = torch.empty(req.numel(), dtype=torch.int64, device=block_table.device)
-    return _launch_slot_mapping(block_table, req, pos, block_size, out)
+    return launch_slot_mapping(block_table, req, pos, block_size, out)
 
 
 def compute_slot_mapping_ref(block_table, req_indices, positions, block_size: int) -> torch.Tensor:

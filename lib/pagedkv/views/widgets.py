@@ -81,8 +81,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .block_pool import BlockPool, KVCacheBlock, PoolEvent
-from .hashing import short_hash
+from ..block_pool import BlockPool, KVCacheBlock, PoolEvent
+from ..hashing import short_hash
+from ..common import cdiv
 
 try:  # optional: the static renderings work without it
     import ipywidgets as _ipywidgets
@@ -367,7 +368,7 @@ def render_pool(pool: BlockPool, owners: Owners = None, title: str | None = None
     queue = pool.free_block_queue.get_all_free_blocks()
     n = pool.num_gpu_blocks
     cols = columns or min(n, 10)
-    rows = -(-len(cells) // cols)
+    rows = cdiv(len(cells), cols)
     pad = 8
     width = max(pad * 2 + cols * (_CELL_W + _GAP), 600)
     parts: list[str] = []

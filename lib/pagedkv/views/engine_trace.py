@@ -2,7 +2,7 @@
 
 One frame per step: the step's decisions as the caption (``SchedulerOutput.summary``),
 then the block pool (owners are the running requests) and the worker's block
-table. Frames are ``pagedkv.widgets.Frame``s, so ``replay()`` is the same
+table. Frames are ``pagedkv.views.Frame``s, so ``replay()`` is the same
 player the pool chapters use (inline SVG and a few lines of JavaScript, no network).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..widgets import Frame, Replay
-    from .llm_engine import LLMEngine
+    from .widgets import Frame, Replay
+    from ..engine import LLMEngine
 
 __all__ = ["EngineTrace"]
 
@@ -31,7 +31,7 @@ class EngineTrace:
         self._unsubscribe = None
 
     def _render(self) -> str:
-        from ..widgets import render_block_table, render_pool
+        from .widgets import render_block_table, render_pool
 
         e = self.engine
         owners = {rid: blocks for rid, blocks in e.kv_cache_manager.req_to_blocks.items()}
@@ -43,7 +43,7 @@ class EngineTrace:
 
     def snapshot(self, caption: str) -> None:
         """Add a frame of the engine as it is now."""
-        from ..widgets import Frame
+        from .widgets import Frame
 
         if len(self.frames) >= self.max_frames:
             self.dropped += 1
@@ -80,7 +80,7 @@ class EngineTrace:
         return [f.caption for f in self.frames]
 
     def replay(self, title: str | None = None) -> "Replay":
-        from ..widgets import Replay
+        from .widgets import Replay
 
         return Replay(list(self.frames), title or self.title)
 

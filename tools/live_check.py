@@ -1,6 +1,6 @@
 """Watch the live views redraw in a real JupyterLab while the later cells run.
 
-    python -m pagedkv._live_check [NOTEBOOK...] [--out _build/live] [--timeout 300]
+    python -m tools.live_check [NOTEBOOK...] [--out _build/live] [--timeout 300]
 
 A developers' check (``make test-live``), not part of ``make test``: it needs
 Chromium, and takes about 20 s on two cores.
@@ -11,7 +11,7 @@ Chromium, and takes about 20 s on two cores.
    and its own settings, config, data, runtime, workspace and IPython
    directories (``windowingMode: none``, so every cell stays in the page; no
    news, no update check, no extension manager, no autosave).
-2. Headless Chromium (``pagedkv._site_check.Browser``: every host but
+2. Headless Chromium (``tools.site_check.Browser``: every host but
    127.0.0.1 resolves to nowhere) opens JupyterLab; for each notebook in turn
    it opens the copy through ``window.jupyterapp`` (``docmanager:open``), waits
    for its kernel, clears the outputs and runs ``notebook:run-all-cells``.
@@ -62,9 +62,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedkv._site_check import Browser, CDPError, find_chromium
+from tools.site_check import Browser, CDPError, find_chromium
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("chapters/03_block_pool.ipynb", "chapters/04_block_table.ipynb")
 WINDOW = (1280, 1000)
 LIVE_TAG = "nbval-ignore-output"
@@ -723,7 +723,7 @@ def _write_report(out: Path, results: list[NotebookResult]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedkv._live_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.live_check", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=list(NOTEBOOKS))
     parser.add_argument("--out", default="_build/live", help="screenshots and report.json (the last run's are removed first)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for the whole check")

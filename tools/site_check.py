@@ -1,6 +1,6 @@
 """Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
 
-    python -m pagedkv._site_check [_build/html] [--screenshots DIR] [--only PAGE...]
+    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...]
 
 Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
 headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
@@ -568,7 +568,7 @@ BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedkv._site_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.site_check", description=__doc__.splitlines()[0])
     parser.add_argument("html_dir", nargs="?", default="_build/html")
     parser.add_argument("--screenshots", default="_build/screenshots")
     parser.add_argument("--only", nargs="*", help="check only pages whose path contains one of these")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv import widgets
-from pagedkv._site_check import _event_problems, pages_of, run
+from pagedkv.views import widgets
+from tools.site_check import _event_problems, pages_of, run
 from pagedkv.block_pool import BlockPool
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv._live_check import LiveCell, ViewRecord, judge, live_cells
+from tools.live_check import LiveCell, ViewRecord, judge, live_cells
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_the_chapters_live_views_are_found():
 
 def test_only_tagged_code_cells_that_build_a_view_are_live():
     cells = live_cells(nb(
-        ("code", ["nbval-ignore-output"], "from pagedkv.widgets import (BlockOwners, BlockPoolView,\n  render_pool)"),
+        ("code", ["nbval-ignore-output"], "from pagedkv.views import (BlockOwners, BlockPoolView,\n  render_pool)"),
         ("code", [], "v = BlockPoolView(pool)\nv"),  # not tagged: its output is compared, so not live
         ("markdown", ["nbval-ignore-output"], "BlockPoolView(pool)"),
         ("code", ["nbval-ignore-output"], ["t = widgets.BlockTableView(rows)\n", "t"]),
@@ -84,7 +84,7 @@ def test_make_test_live_is_a_target_of_its_own_not_part_of_make_test():
 
 def test_jupyterlab_listens_on_127_0_0_1_with_a_token_and_stops_with_its_kernel(tmp_path):
     pytest.importorskip("jupyterlab")
-    from pagedkv._live_check import Lab
+    from tools.live_check import Lab
 
     (tmp_path / "book").mkdir()
     lab = Lab(tmp_path / "book", tmp_path / "home")

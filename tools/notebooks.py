@@ -1,10 +1,10 @@
 """Execute, normalise and audit the book's notebooks.
 
-    python -m pagedkv._notebooks execute NB...   execute in place (what `make execute` runs)
-    python -m pagedkv._notebooks normalise NB... apply the normalisation below without executing
-    python -m pagedkv._notebooks check-toc       every notebook is listed in _toc.yml
-    python -m pagedkv._notebooks check-site      the built site loads no script from a network
-    python -m pagedkv._notebooks run-plain NB... execute code cells without Jupyter and compare
+    python -m tools.notebooks execute NB...   execute in place (what `make execute` runs)
+    python -m tools.notebooks normalise NB... apply the normalisation below without executing
+    python -m tools.notebooks check-toc       every notebook is listed in _toc.yml
+    python -m tools.notebooks check-site      the built site loads no script from a network
+    python -m tools.notebooks run-plain NB... execute code cells without Jupyter and compare
                                                  printed text with the committed outputs
 
 Conventions the tools enforce (authors: build cells with nbformat, then run ``execute``):
@@ -292,7 +292,7 @@ def run_plain(paths: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedkv._notebooks")
+    parser = argparse.ArgumentParser(prog="python -m tools.notebooks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("execute")
     ex.add_argument("paths", nargs="+")

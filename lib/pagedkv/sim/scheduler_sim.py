@@ -32,6 +32,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ..common import InvariantError, cdiv, check_int
+
 __all__ = [
     "PagedKV",
     "InvariantError",
@@ -45,22 +47,12 @@ __all__ = [
 ]
 
 
-class InvariantError(AssertionError):
-    """``check()`` found a broken invariant; the message names it."""
-
 
 def _require_id(value, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     return value
 
-
-def _require_positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{what} must be at least 1, got {value}")
-    return value
 
 
 class PagedKV:
@@ -83,8 +75,8 @@ class PagedKV:
     """
 
     def __init__(self, capacity: int, block_size: int):
-        self.capacity = _require_positive_int(capacity, "capacity")
-        self.block_size = _require_positive_int(block_size, "block_size")
+        self.capacity = check_int(capacity, "capacity", 1)
+        self.block_size = check_int(block_size, "block_size", 1)
         self.pages: dict[int, list[int]] = {}
         self.free: list[int] = list(range(capacity))  # sorted, hence already a heap
         self.tables: dict[str, list[int]] = {}
@@ -336,9 +328,6 @@ def tail_waste(pool: PagedKV) -> TailWaste:
 
 
 # ------------------------------------------------------------ scheduler model
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 @dataclass(frozen=True)
 class SimRequest:
@@ -351,8 +340,8 @@ class SimRequest:
 
     def __post_init__(self):
         _require_id(self.request_id, "request_id")
-        _require_positive_int(self.prompt_len, "prompt_len")
-        _require_positive_int(self.max_new_tokens, "max_new_tokens")
+        check_int(self.prompt_len, "prompt_len", 1)
+        check_int(self.max_new_tokens, "max_new_tokens", 1)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, int) or self.arrival < 0:
             raise ValueError(f"arrival must be a non-negative int, got {self.arrival!r}")
 
@@ -398,16 +387,16 @@ class SchedulerSim:
                  cleanup_delay: int = 0, credits_at_free: bool = True, max_steps: int = 10_000):
         if isinstance(cleanup_delay, bool) or not isinstance(cleanup_delay, int) or cleanup_delay < 0:
             raise ValueError(f"cleanup_delay must be a non-negative int, got {cleanup_delay!r}")
-        self.capacity = _require_positive_int(capacity, "capacity")
-        self.block_size = _require_positive_int(block_size, "block_size")
+        self.capacity = check_int(capacity, "capacity", 1)
+        self.block_size = check_int(block_size, "block_size", 1)
         self.pool = PagedKV(capacity, block_size)  # replaced by a fresh pool at each run()
         self.credits = credits
         self.cleanup_delay = cleanup_delay
         self.credits_at_free = credits_at_free
-        self.max_steps = _require_positive_int(max_steps, "max_steps")
+        self.max_steps = check_int(max_steps, "max_steps", 1)
 
     def _need(self, r: SimRequest) -> int:
-        return _cdiv(r.prompt_len + r.max_new_tokens, self.block_size)
+        return cdiv(r.prompt_len + r.max_new_tokens, self.block_size)
 
     def run(self, trace: Iterable[SimRequest]) -> SimResult:
         """Run ``trace`` (an iterable of :class:`SimRequest`) to completion; the pool is checked after every step."""
@@ -467,7 +456,7 @@ class SchedulerSim:
                     if self._need(r) > pool.capacity - reserved:
                         break
                     reserved += self._need(r)
-                elif _cdiv(r.prompt_len, B) > len(pool.free):
+                elif cdiv(r.prompt_len, B) > len(pool.free):
                     break
                 waiting.pop(0)
                 running[r.request_id] = r
@@ -533,7 +522,7 @@ def demo_scheduler(verbose: bool = True) -> dict[str, SimResult]:
     if verbose:
         r = trace[0]
         print(f"trace: {len(trace)} requests of {r.prompt_len} prompt + {r.max_new_tokens} output tokens "
-              f"= {_cdiv(r.prompt_len + r.max_new_tokens, block_size)} pages each at block size {block_size}; "
+              f"= {cdiv(r.prompt_len + r.max_new_tokens, block_size)} pages each at block size {block_size}; "
               f"{capacity}-page pool; cleanup transfers pin pages for {delay} steps")
         print(f"{'policy':40s} {'steps':>5s} {'out-of-memory':>13s} {'recomputed':>10s} {'peak pages':>10s}")
         for name, res in results.items():

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from ..common import cdiv
 
 __all__ = ["allocation_layout", "block_table_figure", "pool_history_figure",
            "pool_snapshot"]
@@ -143,7 +144,7 @@ def allocation_layout(comp: int, new_comp: int, new: int, lookahead: int,
            for n in sizes) or sum(sizes) == 0:
         raise ValueError(f"token counts must be ints >= 0, not all 0: {sizes}")
     total = sum(sizes)
-    num_blocks = -(-total // block_size)
+    num_blocks = cdiv(total, block_size)
     per_char = max(1, block_size // 8)
     bounds = np.cumsum(sizes)
 

@@ -4,7 +4,7 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")  # the notebook tools need Jupyter's file format
 
-from pagedkv import _notebooks
+from tools import notebooks as _notebooks
 
 
 def _nb_with_widget_output():

@@ -53,7 +53,7 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from .budget import cdiv
+from ..common import cdiv, check_int
 
 __all__ = [
     "Occupancy",
@@ -98,18 +98,6 @@ PARTS = ("live", "over_reserved", "external", "internal", "free")
 
 
 # ------------------------------------------------------------------ validation
-def _int(value, name: str, minimum: int | None = None) -> int:
-    """An int (Python or numpy, never bool) no smaller than ``minimum``; else TypeError/ValueError."""
-    if type(value) is int:  # the fast path, taken by the simulator
-        if minimum is not None and value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
 
 def _require(condition: bool, invariant: str) -> None:
     """``check()``'s one verb: raise AssertionError naming the broken invariant (survives ``python -O``)."""
@@ -158,8 +146,8 @@ class KVAllocator(ABC):
     reserves_growth: bool = False
 
     def __init__(self, capacity: int, max_model_len: int):
-        self.capacity = _int(capacity, "capacity", 1)
-        self.max_model_len = _int(max_model_len, "max_model_len", 1)
+        self.capacity = check_int(capacity, "capacity", 1)
+        self.max_model_len = check_int(max_model_len, "max_model_len", 1)
         self._row_of: dict[Hashable, int] = {}
         self._rid_of: list[Hashable | None] = []
         self._handle: list[object] = []  # per row: where the request's memory is
@@ -176,8 +164,8 @@ class KVAllocator(ABC):
         ``max_new_tokens`` is the most tokens it may decode; prompt + max_new_tokens
         must not exceed ``max_model_len`` (ValueError otherwise).
         """
-        prompt = _int(prompt_len, "prompt_len", 1)
-        max_new = _int(max_new_tokens, "max_new_tokens", 0)
+        prompt = check_int(prompt_len, "prompt_len", 1)
+        max_new = check_int(max_new_tokens, "max_new_tokens", 0)
         if prompt + max_new > self.max_model_len:
             raise ValueError(
                 f"request {rid!r} asks for prompt_len + max_new_tokens = {prompt} + {max_new} = "
@@ -217,7 +205,7 @@ class KVAllocator(ABC):
 
     def grow_all(self, steps: int = 1) -> bool:
         """Every admitted request writes ``steps`` more tokens; all or nothing (False: nothing changed)."""
-        steps = _int(steps, "steps", 1)
+        steps = check_int(steps, "steps", 1)
         rows = np.flatnonzero(self._active)
         if rows.size == 0:
             return True
@@ -513,8 +501,8 @@ class PagedAllocator(KVAllocator):
     """
 
     def __init__(self, capacity: int, block_size: int = 16, max_model_len: int = 32_768):
-        block_size = _int(block_size, "block_size", 1)
-        capacity = _int(capacity, "capacity", 1)
+        block_size = check_int(block_size, "block_size", 1)
+        capacity = check_int(capacity, "capacity", 1)
         if capacity < block_size:
             raise ValueError(f"a pool of {capacity} slots is smaller than one block of {block_size}")
         self.block_size = block_size
@@ -596,7 +584,7 @@ class PagedAllocator(KVAllocator):
 
     def _grow_rows(self, rows, steps):
         have = self._nblocks[rows]
-        need = -(-(self._written[rows] + steps) // self.block_size) - have
+        need = cdiv((self._written[rows] + steps), self.block_size) - have
         total = int(need.sum())
         if total > self._num_free:
             return False
@@ -624,7 +612,7 @@ class PagedAllocator(KVAllocator):
     def _check_layout(self, rows):
         n = self._nblocks[rows]
         _require(int(n.sum()) == self._blocks_held, "held-block count matches the block table")
-        _require(np.array_equal(n, -(-self._written[rows] // self.block_size)),
+        _require(np.array_equal(n, cdiv(self._written[rows], self.block_size)),
                  "each request holds ceil(written / block_size) blocks, no more")
         held = self._table[rows][np.arange(self._table.shape[1]) < n[:, None]]
         every = np.sort(np.concatenate([held, self._free[: self._num_free]]))
@@ -659,7 +647,7 @@ def make_allocator(kind: str, capacity: int, max_model_len: int = 32_768, block_
 
 def largest_free_extent(allocated: Iterable[tuple[int, int]], capacity: int) -> int:
     """The longest run of free slots in a pool of ``capacity`` given its allocated (start, length) extents."""
-    capacity = _int(capacity, "capacity", 0)
+    capacity = check_int(capacity, "capacity", 0)
     best, end = 0, 0
     for start, length in sorted(allocated):
         if start < end or length < 1 or start + length > capacity:
@@ -674,9 +662,9 @@ def unused_tail_slots(length, block_size: int):
 
     Works on an int or, vectorised, on an array of lengths.
     """
-    B = _int(block_size, "block_size", 1)
+    B = check_int(block_size, "block_size", 1)
     if isinstance(length, numbers.Integral) and not isinstance(length, (bool, np.bool_)):
-        return (-_int(length, "length", 1)) % B
+        return (-check_int(length, "length", 1)) % B
     arr = np.asarray(length)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"lengths must be integers, got dtype {arr.dtype}")
@@ -708,13 +696,13 @@ def expected_tail_waste(lengths: Sequence[int], probs: Sequence[float] | None, b
 
 def uniform_tail_waste(block_size: int) -> float:
     """The expectation when residues mod B are uniform: the mean of 0..B-1 = (B - 1) / 2."""
-    return (_int(block_size, "block_size", 1) - 1) / 2
+    return (check_int(block_size, "block_size", 1) - 1) / 2
 
 
 def over_reservation_waste(used_tokens: int, reserved_tokens: int) -> float:
     """Fraction of a reservation never written: 1 - used / reserved."""
-    used = _int(used_tokens, "used_tokens", 0)
-    reserved = _int(reserved_tokens, "reserved_tokens", 1)
+    used = check_int(used_tokens, "used_tokens", 0)
+    reserved = check_int(reserved_tokens, "reserved_tokens", 1)
     if used > reserved:
         raise ValueError(f"used_tokens {used} exceeds reserved_tokens {reserved}")
     return 1 - used / reserved
@@ -886,9 +874,9 @@ def make_trace(workload_name: str | Workload = "chat", num_requests: int = 1000,
                seed: int = 0, max_model_len: int = 32_768) -> Trace:
     """A seeded trace: Poisson arrivals at ``arrival_rate`` requests per step (None: all at step 0)."""
     w = workload(workload_name)
-    n = _int(num_requests, "num_requests", 1)
-    _int(seed, "seed", 0)
-    max_model_len = _int(max_model_len, "max_model_len", 2)
+    n = check_int(num_requests, "num_requests", 1)
+    check_int(seed, "seed", 0)
+    max_model_len = check_int(max_model_len, "max_model_len", 2)
     if arrival_rate is not None and not (isinstance(arrival_rate, (int, float)) and arrival_rate > 0):
         raise ValueError(f"arrival_rate must be a positive number or None, got {arrival_rate!r}")
     rng = np.random.default_rng(seed)
@@ -995,7 +983,7 @@ def simulate(allocator: KVAllocator, trace: Trace, *, max_steps: int | None = No
     if allocator.num_requests:
         raise ValueError(f"simulate needs an empty allocator; this one holds {allocator.num_requests} requests")
     if max_steps is not None:
-        _int(max_steps, "max_steps", 1)
+        check_int(max_steps, "max_steps", 1)
     n = len(trace)
     if n == 0:
         raise ValueError("the trace holds no requests")
@@ -1117,7 +1105,7 @@ def plot_tail_residues(traces: dict[str, "Trace"], block_size: int = 16):
     trace's expected tail waste and (B - 1)/2 marked."""
     import matplotlib.pyplot as plt
 
-    B = _int(block_size, "block_size", 1)
+    B = check_int(block_size, "block_size", 1)
     fig, axes = plt.subplots(1, len(traces), figsize=(FIG_WIDTH_IN, 3.0), sharey=True, squeeze=False)
     for ax, (name, trace) in zip(axes[0], traces.items()):
         tails = unused_tail_slots(trace.final_len, B)

@@ -18,8 +18,8 @@ import dataclasses
 import html
 import io
 
-from . import budget
-from .budget import GiB
+from .. import budget
+from ..budget import GiB
 
 COLORS = {"weights": "#6c757d", "non-KV allowance": "#f0ad4e",
           "KV pool": "#2c7fb8", "headroom": "#d9d9d9"}
