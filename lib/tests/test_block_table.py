@@ -195,7 +195,7 @@ def test_move_row_zeroes_the_stale_tail_and_clears_the_vacated_row():
         (lambda bt: bt.compute_slot_mapping([0], [8], 4), IndexError, "positions\\[0\\] = 8 is beyond row 0's 2"),
         (lambda bt: bt.compute_slot_mapping([1], [0], 4), IndexError, "row 1's 0 committed blocks"),
         (lambda bt: bt.compute_slot_mapping([4], [0], 4), IndexError, "req_indices\\[0\\] = 4"),
-        (lambda bt: bt.compute_slot_mapping([0], [0], 0), ValueError, "block_size must be a positive int, got 0"),
+        (lambda bt: bt.compute_slot_mapping([0], [0], 0), ValueError, "block_size must be >= 1, got 0"),
         (lambda bt: bt.compute_slot_mapping(torch.tensor([0], device="meta"), [0], 4), ValueError,
          "req_indices is on the meta device"),
     ],

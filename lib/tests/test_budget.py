@@ -212,7 +212,7 @@ def test_free_memory_below_the_request_refuses_to_start():
 
 
 @pytest.mark.parametrize("free_and_total,needle", [
-    ((-1, H100_TOTAL), "free memory must be a finite number in [0, inf)"),
+    ((-1, H100_TOTAL), r"free memory must be a finite number in \[0, inf\)"),
     ((H100_TOTAL + 1, H100_TOTAL), "exceeds total"),
 ])
 def test_free_memory_bad_figures_are_named(free_and_total, needle):

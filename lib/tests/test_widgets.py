@@ -247,7 +247,7 @@ def test_block_table_view_updates_and_carries_static_html():
 
 def test_views_work_without_ipywidgets(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now fails
-    spec = importlib.util.spec_from_file_location("pagedkv._widgets_without_ipywidgets", widgets.__file__)
+    spec = importlib.util.spec_from_file_location("pagedkv.views._widgets_without_ipywidgets", widgets.__file__)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
