@@ -212,7 +212,7 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the reference", randomized,
                "the row offset is req * block_table.stride(0)")
 
-        c.prop("computes in a Triton kernel", lambda: _launched(launches),
+        c.prop("computes in a Triton kernel", lambda: _launched(launches, lambda: _slots_without_kernels(fn)),
                "launch your @triton.jit function as kernel[grid](...)")
     return c.report
 
@@ -317,11 +317,11 @@ def _diagnose_kv(got, data, other, old, slots) -> str | None:
     if not real:
         return None
     n = flat.shape[0]
-    if all(torch.equal(flat[s], flat_old[s]) for _, s in real):
-        return KV_MISTAKES[5].diagnosis()
     if all(s + 1 < n and torch.equal(flat[s + 1], data[t]) for t, s in real) or \
             all(s >= 1 and torch.equal(flat[s - 1], data[t]) for t, s in real):
         return KV_MISTAKES[1].diagnosis()
+    if all(torch.equal(flat[s], flat_old[s]) for _, s in real):
+        return KV_MISTAKES[5].diagnosis()
     if all(torch.equal(flat[s], other[t]) for t, s in real):
         return KV_MISTAKES[2].diagnosis()
     if data.shape[1] > 1 and all(torch.equal(flat[s][0], data[t][0]) and not torch.equal(flat[s], data[t])

@@ -33,6 +33,12 @@ request it allocates for, whom it preempts, what it returns. It compares each
 move with the one vLLM's loop makes in the same state, so a wrong move is named
 at the step where it happens ("preempted the first running request instead of
 the last") rather than inferred from a different outcome many steps later.
+The referee hands the learner's function a watched scheduler (``_Watched``):
+its ``preempt`` and its manager's ``allocate_slots`` and ``free`` are the
+referee's, everything else the real objects'; nothing of the library is
+patched. The function is installed through the scheduler's public
+``allocate_with_preemption`` hook. The library's own ``preempt_last_running``
+(or a wrapper of it) is refused with one line: the exercise is to write it.
 """
 
 from __future__ import annotations
