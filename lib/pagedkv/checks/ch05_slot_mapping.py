@@ -249,7 +249,8 @@ def _slots_without_kernels(fn) -> str | None:
     return None
 
 
-catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES, [READ_MISTAKE, LAUNCH_MISTAKE])
+catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES,
+          [READ_MISTAKE, LAUNCH_MISTAKE, CHEAT_MISTAKE])
 
 
 def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, heads: int = 2, head_dim: int = 8,
