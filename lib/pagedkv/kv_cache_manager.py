@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .block_pool import BlockPool, KVCacheBlock
 from .common import InvariantError, cdiv, check_int
@@ -205,6 +205,14 @@ class KVCacheManager:
             As in vLLM, it applies only while other requests are scheduled
             (see ``allocate_slots``'s ``has_scheduled_reqs``): a request that
             fits the whole pool may run alone.
+        redirect_partial_hit: the copy-on-write step of a partial prefix hit,
+            ``fn(manager, req_blocks, block_idx, cow_block) -> None``: point
+            ``req_blocks[block_idx]`` (shared, partly valid) at the fresh
+            ``cow_block``, take the pending copy's reference on it and record
+            the copy. Default (``None``): the manager's own. A replacement must
+            leave exactly the state the default leaves (``check()`` verifies
+            it); exercise 6 writes one, and its checker installs it here. Also
+            the public attribute of that name, which may be set later.
 
     Request ids are the keys of every per-request table, so they must be unique
     among live requests: a *different* ``Request`` object with the id of one
@@ -213,7 +221,8 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_block_size: int | None = None, watermark: float = 0.0):
+                 hash_block_size: int | None = None, watermark: float = 0.0,
+                 redirect_partial_hit: Callable[..., None] | None = None):
         self.block_size = check_int(block_size, "block_size", 1)
         hash_block_size = self.block_size if hash_block_size is None else check_int(hash_block_size, "hash_block_size", 1)
         if self.block_size % hash_block_size:
@@ -225,6 +234,10 @@ class KVCacheManager:
         self.hash_block_size = hash_block_size
         self.hashes_per_block = self.block_size // hash_block_size
         self.watermark_blocks = int(watermark * num_blocks)
+        if redirect_partial_hit is not None and not callable(redirect_partial_hit):
+            raise TypeError(f"redirect_partial_hit must be callable or None, got "
+                            f"{type(redirect_partial_hit).__name__} {redirect_partial_hit!r}")
+        self.redirect_partial_hit = redirect_partial_hit
         # request id -> its blocks in logical order (the scheduler-side block table).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request id -> the Request object that holds those blocks (same keys as req_to_blocks).
@@ -413,7 +426,10 @@ class KVCacheManager:
             new_blocks = self._get_new_blocks(num_to_allocate)
             if partial_hit:
                 cow = new_blocks[0]
-                self._apply_cow(req_blocks, len(hit) - 1, cow)
+                if self.redirect_partial_hit is None:
+                    self._apply_cow(req_blocks, len(hit) - 1, cow)
+                else:
+                    self.redirect_partial_hit(self, req_blocks, len(hit) - 1, cow)
             req_blocks.extend(new_blocks[partial_hit:])
 
             # Full blocks are cached as soon as the step that fills them is scheduled.

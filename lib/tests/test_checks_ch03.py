@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pagedkv import checks
 from pagedkv.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
 
@@ -206,9 +208,11 @@ def test_a_crash_and_a_hang_are_red_lines():
             while True:
                 pass
 
+    start = time.monotonic()
     report = checks.check_free_block_queue(Hangs, timeout=0.3)
-    assert verdicts(report)[5] is False and "no answer within" in report.results[5].detail
-    assert verdicts(report)[:5] == [True] * 5
+    # The probe meets the hang first: one timeout, and every property says so at once.
+    assert time.monotonic() - start < 0.3 + 3.0
+    assert not any(verdicts(report)) and all("no answer within 0.3 s" in r.detail for r in report.results)
 
 
 def test_a_cycle_is_reported_not_followed_forever():

@@ -260,3 +260,72 @@ def test_ch05_kv_stub_is_not_implemented():
     assert "not implemented yet" in report.results[0].detail
     report = checks.check_slot_mapping_kernel(stub)
     assert not report and len(report.results) == 1 and report.stub
+
+
+# -- issue 20: answers that used to pass, messages, and the cost of a hang ----------------------------
+
+
+@triton.jit
+def _nothing_kernel(x_ptr):
+    pass
+
+
+def test_ch05_torch_answers_with_a_do_nothing_kernel_fail_the_kernel_property():
+    def cheat_slots(block_table, req_indices, positions, block_size):
+        real = req_indices >= 0
+        blocks = block_table[torch.where(real, req_indices, 0), positions // block_size].long()
+        out = torch.where(real, blocks * block_size + positions % block_size, -1)
+        _nothing_kernel[(1,)](out)
+        return out
+
+    report = checks.check_slot_mapping_kernel(cheat_slots)
+    assert verdicts(report) == [True] * 6 + [False]
+    assert "with every Triton launch skipped, it still returned the right slots" in report.results[6].detail
+    assert "Diagnosis: computed outside the kernel" in report.results[6].detail
+
+    def cheat_kv(key, value, key_cache, value_cache, slot_mapping):
+        real = slot_mapping >= 0
+        key_cache.view(-1, *key.shape[1:])[slot_mapping[real]] = key[real]
+        value_cache.view(-1, *value.shape[1:])[slot_mapping[real]] = value[real]
+        _nothing_kernel[(1,)](key)
+
+    report = checks.check_kv_write_kernel(cheat_kv)
+    assert verdicts(report) == [True] * 6 + [False]
+    assert "with every Triton launch skipped, slots" in report.results[6].detail
+    assert "Diagnosis: computed outside the kernel" in report.results[6].detail
+
+
+@triton.jit
+def _key_only_kernel(k_ptr, kc_ptr, slot_ptr, width, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    cols = tl.arange(0, BLOCK)
+    mask = (cols < width) & (slot >= 0)
+    tl.store(kc_ptr + slot * width + cols, tl.load(k_ptr + t * width + cols, mask=mask), mask=mask)
+
+
+def test_ch05_a_value_never_written_is_named_as_such():
+    def key_only(key, value, key_cache, value_cache, slot_mapping):
+        width = key.shape[1] * key.shape[2]
+        _key_only_kernel[(key.shape[0],)](key, key_cache, slot_mapping, width,
+                                          BLOCK=triton.next_power_of_2(width))
+
+    report = checks.check_kv_write_kernel(key_only)
+    detail = report.results[0].detail
+    assert "value_cache slot" in detail and "Diagnosis: a cache never written" in detail, detail
+    assert "dtype" not in detail
+
+
+def test_ch05_a_hang_costs_one_timeout_per_check():
+    import time
+
+    def hangs(*args):
+        while True:
+            pass
+
+    for check in (checks.check_slot_mapping_kernel, checks.check_kv_write_kernel):
+        start = time.perf_counter()
+        report = check(hangs, timeout=0.3)
+        elapsed = time.perf_counter() - start
+        assert not report and all("no answer within 0.3 s" in r.detail for r in report.results)
+        assert elapsed < 0.3 + 3.0, (check.__name__, elapsed)

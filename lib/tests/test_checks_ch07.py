@@ -7,9 +7,12 @@ so the solution the site shows is the one these tests run.
 from __future__ import annotations
 
 import functools
+import os
+import time
 from pathlib import Path
 
 import torch
+import triton
 
 import pagedkv  # noqa: F401  -- fixes the Triton mode before the solution's kernel is defined
 from pagedkv import checks
@@ -83,3 +86,79 @@ def test_mistakes_are_named():
         failures = [r.detail for r in report.values() if not r.passed]
         assert failures, fn.__name__
         assert any(words in d for d in failures), (fn.__name__, failures)
+
+
+# -- issue 20: answers that used to pass, messages, and the cost of a hang ----------------------------
+
+
+def solution_variant(old: str, new: str):
+    """The solution's ``decode_attention`` with one piece of its source replaced (the piece must exist)."""
+    import importlib.util
+    import json
+    import tempfile
+
+    cells = json.loads(SOLUTION.read_text())["cells"]
+    src = next("".join(c["source"]) for c in cells
+               if c["cell_type"] == "code" and "def decode_attention(" in "".join(c["source"]))
+    assert old in src, old
+    path = Path(tempfile.mkdtemp()) / f"_variant_{abs(hash(old + new))}.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decode_attention
+
+
+def failures(report):
+    return {r.name: r.detail for r in report.results if not r.passed}
+
+
+def test_kv_loads_unmasked_past_seq_len_are_named():
+    # Only the scores are masked: p = 0 times a NaN value is NaN.
+    fn = solution_variant("mask=ok[:, None], other=0.0)", ")")
+    failed = failures(checks.check_decode_attention(fn))
+    assert failed, "reading NaN poison must fail"
+    assert any("Diagnosis: read past seq_len" in d for d in failed.values()), failed
+    assert not any("first tile" in d for d in failed.values()), failed
+
+
+def test_an_unmasked_table_load_is_named():
+    fn = solution_variant("pos // block_size,\n                        mask=ok, other=0)",
+                          "pos // block_size)")
+    failed = failures(checks.check_decode_attention(fn))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return  # compiled kernels cannot be traced: only the values are checked
+    assert list(failed) == ["never loads a block-table column past the sequence"], failed
+    detail = failed["never loads a block-table column past the sequence"]
+    assert "Diagnosis: loads block-table columns past the sequence -- mask the table load" in detail
+
+
+def test_torch_answer_with_a_do_nothing_kernel_fails_the_kernel_property():
+    @triton.jit
+    def nothing(x_ptr):
+        pass
+
+    def cheat(q, key_cache, value_cache, block_table, seq_lens, scale):
+        qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        out = paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, qsl, scale)
+        nothing[(1,)](out)
+        return out
+
+    failed = failures(checks.check_decode_attention(cheat))
+    assert list(failed) == ["computes in a Triton kernel"], failed
+    assert "with every Triton launch skipped, it still returned the right output" in \
+        failed["computes in a Triton kernel"]
+    assert "Diagnosis: computed outside the kernel" in failed["computes in a Triton kernel"]
+
+
+def test_a_hang_costs_one_timeout_and_every_property_says_so():
+    def hangs(q, key_cache, value_cache, block_table, seq_lens, scale):
+        while True:
+            pass
+
+    start = time.perf_counter()
+    report = checks.check_decode_attention(hangs, timeout=0.5)
+    elapsed = time.perf_counter() - start
+    assert not report and len(report.results) == 8
+    assert all("no answer within 0.5 s" in r.detail for r in report.results)
+    assert elapsed < 0.5 + 3.0, elapsed

@@ -130,6 +130,17 @@ def free_directly(scheduler, request, n):
     return blocks
 
 
+def requeue_at_back(scheduler, request, n):
+    while (blocks := alloc(scheduler, request, n)) is None:
+        victim = scheduler.running[-1]
+        scheduler.preempt(victim)
+        scheduler.waiting.remove(victim.request_id)
+        scheduler.waiting.append(victim)
+        if victim is request:
+            return None
+    return blocks
+
+
 MISTAKES = {
     preempt_first: "preempted the first running request (",
     give_up: "gave up without preempting",
@@ -139,6 +150,7 @@ MISTAKES = {
     preempt_before_trying: "preempted someone when the request already fit",
     one_victim_at_most: "returned None while X was still running",
     free_directly: "with kv_cache_manager.free",
+    requeue_at_back: "do not move it to the back",
 }
 
 
@@ -222,3 +234,52 @@ def test_the_checker_restores_torch_threads():
     before = torch.get_num_threads()
     checks.check_preemption_loop(give_up)
     assert torch.get_num_threads() == before
+
+
+# -- issue 20: the library's own loop, messages that name the real mistake, the cost of a hang --------
+
+
+@pytest.mark.parametrize("wrap", [lambda f: f, functools.partial, lambda f: functools.wraps(f)(lambda *a: f(*a))],
+                         ids=["itself", "partial", "wrapped"])
+def test_the_librarys_own_loop_is_refused(wrap, capsys):
+    report = checks.check_preemption_loop(wrap(preempt_last_running))
+    assert not report and len(report.results) == 1
+    assert "the library's own preempt_last_running" in report.results[0].detail
+    assert capsys.readouterr().out.count("\n") == 1
+
+
+def test_freeing_directly_names_the_admission_it_causes():
+    (detail, *_) = failures(checks.check_preemption_loop(free_directly))
+    assert "admits waiting requests in the same step" in detail
+
+
+def test_preempting_the_wrong_request_says_what_fcfs_does():
+    (detail, *_) = failures(checks.check_preemption_loop(preempt_first))
+    assert "vLLM's FCFS policy preempts the last request of the running list" in detail
+    assert "least work" not in detail
+
+
+def test_a_hang_costs_one_timeout():
+    import time
+
+    def hang(scheduler, request, n):
+        while True:
+            pass
+
+    start = time.perf_counter()
+    checks.check_preemption_loop(hang, timeout=0.5)
+    assert time.perf_counter() - start < 0.5 + 3.0
+
+
+def test_the_referee_patches_nothing_of_the_library():
+    sched = ch08._hand_built([("A", 9, 8), ("X", 9, 8), ("C", 5, 4)], 0)
+    seen = []
+
+    def loop(scheduler, request, n):  # the learner's loop, looking at the real objects
+        seen.append((sorted(vars(sched)), sorted(vars(sched.kv_cache_manager))))
+        return preempt_first(scheduler, request, n)
+
+    before = (sorted(vars(sched)), sorted(vars(sched.kv_cache_manager)))
+    with pytest.raises(AssertionError, match="preempted the first running request"):
+        ch08._Refereed(loop)(sched, sched.requests["X"], 1)
+    assert seen == [before]

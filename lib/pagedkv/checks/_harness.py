@@ -206,6 +206,10 @@ class Checker:
         self.report = CheckReport(title)
         self.timeout = timeout
         self.verbose = verbose
+        #: Set once the learner's code ran past ``timeout``: every later
+        #: property then fails at once with the same words, so a hang costs
+        #: one timeout per check call, not one per property.
+        self.hung: str | None = None
 
     def __enter__(self) -> "Checker":
         return self
@@ -235,26 +239,41 @@ class Checker:
             if self.verbose:
                 print(f"{FAIL} {self.report.title}: {NOT_IMPLEMENTED}")
             raise _Stub from None
-        except (Exception, CheckTimeout):  # noqa: BLE001 -- the properties will say what
+        except CheckTimeout as exc:  # every property will say so, at once
+            self.hung = str(exc)
+        except Exception:  # noqa: BLE001 -- the properties will say what
             pass
 
     def prop(self, name: str, body: Callable[[], None], hint: str = "",
              diagnose: Callable[[], str | None] | None = None) -> bool:
         """Run one property; ``diagnose()`` names the mistake behind a failure
-        that does not name one itself (a crash, a plain ``AssertionError``)."""
+        that does not name one itself (a crash, a plain ``AssertionError``).
+
+        After a hang (``self.hung``) the body is not run: the line says that
+        an earlier call gave no answer in time."""
+        if self.hung is not None:
+            result = PropertyResult(name, False, f"{self.hung}; not run again after the first hang")
+            self.report.results.append(result)
+            if self.verbose:
+                print(result.line())
+            return False
         try:
             with _time_limit(self.timeout):
                 body()
             result = PropertyResult(name, True)
         except (Exception, CheckTimeout) as exc:  # noqa: BLE001 -- every learner bug becomes a red line
             detail = _describe(exc)
+            if isinstance(exc, CheckTimeout):
+                self.hung = str(exc)
             mistake = getattr(exc, "mistake", None)
             if not mistake and diagnose is not None and not isinstance(
                     exc, (NotImplementedError, CheckTimeout)):
                 try:
                     with _time_limit(self.timeout):
                         mistake = diagnose()
-                except (Exception, CheckTimeout):  # noqa: BLE001 -- no diagnosis then
+                except CheckTimeout as hang:  # the diagnosis ran the learner's code into a hang
+                    self.hung, mistake = str(hang), None
+                except Exception:  # noqa: BLE001 -- no diagnosis then
                     mistake = None
             if mistake:
                 detail += f". Diagnosis: {mistake}"

@@ -125,8 +125,11 @@ def _pool_probes():
             (81_920, 0.6, 2.0, 1.0, qwen, 8, 1)]
 
 
-def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0) -> CheckReport:
-    """Check ``fn(num_layers, num_kv_heads, head_dim, dtype_bytes) -> int``."""
+def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0, timeout: float = 20.0) -> CheckReport:
+    """Check ``fn(num_layers, num_kv_heads, head_dim, dtype_bytes) -> int``.
+
+    ``timeout`` bounds each property, in seconds; after a hang the others fail at once.
+    """
     rng = random.Random(seed)
 
     def compare(args, want, what):
@@ -135,7 +138,7 @@ def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0) -> CheckReport
             raise wrong(f"{what}: expected {want:,}, got {got:,}", got, args,
                         KV_MISTAKES, fn, _KV_PROBES)
 
-    with Checker("kv_bytes_per_token") as c:
+    with Checker("kv_bytes_per_token", timeout=timeout) as c:
         c.probe(lambda: fn(32, 8, 128, 2))
 
         def llama():

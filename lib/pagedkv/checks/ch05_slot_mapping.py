@@ -32,17 +32,15 @@ from __future__ import annotations
 
 import torch
 
-import os
-from contextlib import contextmanager
-
 import numpy as np
 
 from .._device import default_device
 from ..kernels.kv_write import reshape_and_cache_ref
 from ..kernels.slot_mapping import compute_slot_mapping_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
-from ._triton_launches import count_triton_launches
-from .ch04_block_table import SLOT_MISTAKES, diagnose_slots
+from .kernel_probes import (GUARD_BLOCK_ID, count_triton_launches, guarded_rows, loads_in,
+                            skipped_triton_launches, traced_loads)
+from .slot_mistakes import SLOT_MISTAKES, diagnose_slots
 from ..common import cdiv
 
 __all__ = ["check_slot_mapping_kernel", "check_kv_write_kernel"]
@@ -70,56 +68,10 @@ def _random_slot_case(g: torch.Generator, block_size: int, num_tokens: int | Non
     return table, reqs, positions
 
 
-# A learner's unmasked load or store can reach just outside a tensor. In the
-# interpreter a far miss kills the process, but a near one (row -1 of the
-# table, slot -1 of a cache) only touches a neighbour. So the checks hand the
-# learner views into larger buffers whose guard rows/blocks on both sides are
-# filled with sentinels: a near miss then shows up as a red line, not a crash.
-GUARD_BLOCK_ID = 999_999
-
-
-def _guarded_table(table: torch.Tensor) -> torch.Tensor:
-    buf = torch.full((table.shape[0] + 2, table.shape[1]), GUARD_BLOCK_ID, dtype=torch.int32, device=default_device())
-    buf[1:-1] = table.to(buf.device)
-    return buf[1:-1]  # contiguous: whole rows
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@contextmanager
-def _traced_loads():
-    """Record the addresses of every unmasked lane of every ``tl.load`` (interpreter only)."""
-    addresses: list[np.ndarray] = []
-    if not _interpreted():
-        yield addresses
-        return
-    from triton.runtime.interpreter import InterpreterBuilder
-
-    original = InterpreterBuilder.create_masked_load
-
-    def create_masked_load(self, ptrs, mask, *args, **kwargs):
-        data = np.asarray(ptrs.data)
-        live = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
-        addresses.append(data[live].astype(np.uint64).ravel())
-        return original(self, ptrs, mask, *args, **kwargs)
-
-    InterpreterBuilder.create_masked_load = create_masked_load
-    try:
-        yield addresses
-    finally:
-        InterpreterBuilder.create_masked_load = original
-
-
 def _guard_reads(addresses, view: torch.Tensor) -> int:
-    """How many traced loads hit the guard rows around ``view`` (a ``_guarded_table``)."""
-    if not addresses:
-        return 0
-    row = view.stride(0) * view.element_size()
-    start, end = view.data_ptr(), view.data_ptr() + view.shape[0] * row
-    a = np.concatenate(addresses)
-    return int((((a >= start - row) & (a < start)) | ((a >= end) & (a < end + row))).sum())
+    """How many traced loads hit the guard rows around ``view`` (a ``guarded_rows`` table)."""
+    rows = loads_in(addresses, view)[:, 0]
+    return int(((rows < 0) | (rows >= view.shape[0])).sum())
 
 
 def _flat_row_model(table, reqs, positions, block_size):
@@ -151,8 +103,8 @@ LAUNCH_MISTAKE = Mistake("no kernel", "the exercise is the kernel: launch "
 def _run_slot_fn(fn, table, reqs, positions, block_size, what: str, launches=None,
                  reads=None) -> torch.Tensor:
     dev = default_device()
-    view = _guarded_table(table)
-    with count_triton_launches() as n, _traced_loads() as addresses:
+    view = guarded_rows(table)
+    with count_triton_launches() as n, traced_loads() as addresses:
         got = fn(view, reqs.to(dev), positions.to(dev), block_size)
     if launches is not None:
         launches.append(n.count)
@@ -260,20 +212,45 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the reference", randomized,
                "the row offset is req * block_table.stride(0)")
 
-        c.prop("computes in a Triton kernel", lambda: _launched(launches),
+        c.prop("computes in a Triton kernel", lambda: _launched(launches, lambda: _slots_without_kernels(fn)),
                "launch your @triton.jit function as kernel[grid](...)")
     return c.report
 
 
-def _launched(launches: list[int]) -> None:
+CHEAT_MISTAKE = Mistake("computed outside the kernel", "the kernel must "
+                        "produce the answer: the wrapper only allocates the "
+                        "output (torch.empty) and launches; every value "
+                        "comes from a tl.store")
+
+
+def _launched(launches: list[int], without_kernels) -> None:
+    """Every call launched a kernel, and the answer needs it: ``without_kernels()`` (run with every
+    launch skipped and fresh buffers poisoned) must not still come out right."""
     if not launches:
         raise AssertionError("no call returned an answer to look at")
     if min(launches) == 0:
         raise WrongAnswer(f"{launches.count(0)} of {len(launches)} calls ran no Triton kernel",
                           LAUNCH_MISTAKE.diagnosis())
+    seen = without_kernels()
+    if seen:
+        raise WrongAnswer(f"with every Triton launch skipped, {seen}: PyTorch computed the "
+                          "answer, not your kernel", CHEAT_MISTAKE.diagnosis())
 
 
-catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES, [READ_MISTAKE, LAUNCH_MISTAKE])
+def _slots_without_kernels(fn) -> str | None:
+    """What ``fn`` answers with its kernels skipped, if that is still right (``None`` otherwise)."""
+    table = torch.tensor([[7, 9, 2], [4, 0, 5]], dtype=torch.int32)
+    reqs, pos = torch.tensor([0, 1, 1, 0]), torch.tensor([17, 3, 40, 33])
+    with skipped_triton_launches():
+        got = fn(guarded_rows(table), reqs.to(default_device()), pos.to(default_device()), 16)
+    want = _slot_oracle(table, reqs, pos, 16)
+    if isinstance(got, torch.Tensor) and got.cpu().tolist() == want:
+        return f"it still returned the right slots {want}"
+    return None
+
+
+catalogue(check_slot_mapping_kernel, SLOT_MISTAKES, KERNEL_SLOT_MISTAKES,
+          [READ_MISTAKE, LAUNCH_MISTAKE, CHEAT_MISTAKE])
 
 
 def _random_kv_case(g: torch.Generator, dtype: torch.dtype, block_size: int, heads: int = 2, head_dim: int = 8,
@@ -324,38 +301,53 @@ KV_MISTAKES = [
             "elements wide: copy all of them"),
     Mistake("the dtype converted", "store what you loaded: a round trip "
             "through another type changes fp16/bf16 bits"),
+    Mistake("a cache never written", "store both: the key into key_cache "
+            "and the value into value_cache, at the same slot"),
 ]
 
 
-def _diagnose_kv(got_k, got_v, key, value, slots) -> str | None:
-    """Name the mistake the key cache shows (the value cache repeats the key's)."""
-    flat_k = got_k.reshape(-1, *got_k.shape[2:])
+def _diagnose_kv(got, data, other, old, slots) -> str | None:
+    """Name the mistake one cache shows: ``got`` should hold ``data`` at the slots, ``old`` elsewhere.
+
+    ``other`` is what the other cache should receive (the value for the key
+    cache): finding it here means K and V were swapped.
+    """
+    flat = got.reshape(-1, *got.shape[2:])
+    flat_old = old.reshape(-1, *old.shape[2:])
     real = [(t, s) for t, s in enumerate(slots.tolist()) if s >= 0]
     if not real:
         return None
-    n = flat_k.shape[0]
-    if all(s + 1 < n and torch.equal(flat_k[s + 1], key[t]) for t, s in real) or \
-            all(s >= 1 and torch.equal(flat_k[s - 1], key[t]) for t, s in real):
+    n = flat.shape[0]
+    if all(s + 1 < n and torch.equal(flat[s + 1], data[t]) for t, s in real) or \
+            all(s >= 1 and torch.equal(flat[s - 1], data[t]) for t, s in real):
         return KV_MISTAKES[1].diagnosis()
-    if all(torch.equal(flat_k[s], value[t]) for t, s in real):
+    if all(torch.equal(flat[s], flat_old[s]) for _, s in real):
+        return KV_MISTAKES[5].diagnosis()
+    if all(torch.equal(flat[s], other[t]) for t, s in real):
         return KV_MISTAKES[2].diagnosis()
-    if key.shape[1] > 1 and all(torch.equal(flat_k[s][0], key[t][0]) and not torch.equal(flat_k[s], key[t])
-                                for t, s in real):
+    if data.shape[1] > 1 and all(torch.equal(flat[s][0], data[t][0]) and not torch.equal(flat[s], data[t])
+                                 for t, s in real):
         return KV_MISTAKES[3].diagnosis()
-    if all(torch.allclose(flat_k[s].float(), key[t].float(), rtol=1e-2, atol=1e-2) for t, s in real):
+    if all(torch.allclose(flat[s].float(), data[t].float(), rtol=1e-2, atol=1e-2) for t, s in real) and \
+            not all(torch.equal(flat[s], data[t]) for t, s in real):
         return KV_MISTAKES[4].diagnosis()
     return None
 
 
-def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str, key=None, value=None) -> None:
+def _compare_caches(got_k, got_v, want_k, want_v, slots, what: str, key=None, value=None,
+                    old=None) -> None:
+    """Both caches must equal the reference; a difference is named (``old``: the caches before the call)."""
     bs = want_k.shape[1]
     written = {s for s in slots.tolist() if s >= 0}
-    for name, got, want in (("key_cache", got_k, want_k), ("value_cache", got_v, want_v)):
+    for i, (name, got, want) in enumerate((("key_cache", got_k, want_k), ("value_cache", got_v, want_v))):
         flat_g, flat_w = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
         differs = (flat_g != flat_w).flatten(1).any(1).nonzero().flatten().tolist()
         if differs:
             s = differs[0]
-            mistake = None if key is None else _diagnose_kv(got_k, got_v, key, value, slots)
+            mistake = None
+            if key is not None and old is not None:
+                data, other = (key, value) if i == 0 else (value, key)
+                mistake = _diagnose_kv(got, data, other, old[i], slots)
             if s in written:
                 t = slots.tolist().index(s)
                 raise WrongAnswer(f"{what}: {name} slot {s} (block {s // bs}, offset {s % bs}) "
@@ -375,7 +367,7 @@ def _kv_property(fn, g, dtype, block_size, heads=2, head_dim=8, tokens=6, what="
             oracle_v[s // block_size, s % block_size] = value[t]
     assert torch.equal(want_k, oracle_k) and torch.equal(want_v, oracle_v), "library and oracle disagree"
     got_k, got_v = _run_kv_fn(fn, key, value, kc, vc, slots, what, launches)
-    _compare_caches(got_k, got_v, want_k, want_v, slots, what, key, value)
+    _compare_caches(got_k, got_v, want_k, want_v, slots, what, key, value, (kc, vc))
 
 
 def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckReport:
@@ -428,9 +420,22 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
                lambda: _kv_property(fn, g, torch.float32, 16, tokens=200, what="200 tokens", launches=launches),
                "launch one program per token: grid = (num_tokens,)")
 
-        c.prop("computes in a Triton kernel", lambda: _launched(launches),
+        c.prop("computes in a Triton kernel", lambda: _launched(launches, lambda: _kv_without_kernels(fn)),
                "launch your @triton.jit function as kernel[grid](...)")
     return c.report
 
 
-catalogue(check_kv_write_kernel, KV_MISTAKES, [LAUNCH_MISTAKE])
+def _kv_without_kernels(fn) -> str | None:
+    """Which slots ``fn`` still writes right with its kernels skipped (``None`` if none)."""
+    key, value, kc, vc, slots = _random_kv_case(torch.Generator().manual_seed(2), torch.float32, 4)
+    dev = default_device()
+    k_dev, v_dev = kc.to(dev, copy=True), vc.to(dev, copy=True)
+    with skipped_triton_launches():
+        fn(key.to(dev), value.to(dev), k_dev, v_dev, slots.to(dev))
+    flat_k, flat_v = k_dev.cpu().flatten(0, 1), v_dev.cpu().flatten(0, 1)
+    right = [s for t, s in enumerate(slots.tolist()) if s >= 0 and
+             (torch.equal(flat_k[s], key[t]) or torch.equal(flat_v[s], value[t]))]
+    return f"slots {right} still received their tokens" if right else None
+
+
+catalogue(check_kv_write_kernel, KV_MISTAKES, [LAUNCH_MISTAKE, CHEAT_MISTAKE])

@@ -11,7 +11,8 @@ the manager:
   watermark held back for an admission only while other requests are
   scheduled (vLLM 0.33.0's ``has_scheduled_reqs``);
 * ``redirect_partial_hit(manager, req_blocks, block_idx, cow_block)``: the
-  copy-on-write redirect of a partial hit (the library's ``_apply_cow``).
+  copy-on-write redirect of a partial hit (installed through the manager's
+  public ``redirect_partial_hit`` hook).
 
 As for chapter 3's decisions, each function is installed on one instance of
 the real ``KVCacheManager`` and random scheduler runs are compared, after
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from ..kv_cache_manager import KVCacheManager, Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
-from .ch03_pool_decisions import manager_trial
+from .manager_trial import manager_trial
 from ..common import cdiv
 
 __all__ = ["check_get_computed_blocks", "check_can_allocate",
@@ -362,10 +363,10 @@ def _diagnose_cow(fn) -> str | None:
         return COW_MISTAKES[2].diagnosis()
     if source.ref_cnt != 2:
         return COW_MISTAKES[3].diagnosis()
-    pending = m._pending_copies
+    pending = m.outstanding_copies
     if not pending:
         return COW_MISTAKES[4].diagnosis()
-    if pending == [(cow, source)]:
+    if pending == [(cow.block_id, source.block_id)]:
         return COW_MISTAKES[5].diagnosis()
     return None
 
@@ -383,7 +384,7 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
             fn(m, table, 2, cow)
             want = ids[:2] + [cow.block_id]
             got = (_ids(table), cow.ref_cnt, source.ref_cnt,
-                   [(s.block_id, d.block_id) for s, d in m._pending_copies])
+                   m.outstanding_copies)
             expected = (want, 2, 2, [(source.block_id, cow.block_id)])
             if got != expected:
                 raise WrongAnswer(
@@ -399,8 +400,8 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
                lambda: _diagnose_cow(fn))
 
         def trials():
-            def install(m):
-                m._apply_cow = lambda blocks, idx, cow: fn(m, blocks, idx, cow)
+            def install(m):  # the manager's public copy-on-write hook
+                m.redirect_partial_hit = fn
             for seed in range(seeds):
                 manager_trial(install, seed, aligned=False,
                               diagnose=lambda: _diagnose_cow(fn))

@@ -10,13 +10,30 @@ The learner writes a decode kernel in Triton behind a wrapper:
   output shaped like ``q``.
 
 The cases are random pools with scattered tables, lengths that are not
-multiples of the block size, GQA ratios 1 and 4, block sizes 1 and 16. Table
-columns past a request's blocks point at *poison* blocks (valid ids whose K/V
-are huge), so a kernel that reads past ``seq_len`` gets a wrong answer instead
-of a lucky one, without ever leaving the cache. A wrong output is compared with
-the answers of the common mistakes (reading blocks in order instead of through
-the table, attending to the whole last block, the wrong KV head for a query
-head, no scale) so that the hint names the mistake.
+multiples of the block size, GQA ratios 1 and 4, block sizes 1, 4 and 16.
+Every slot the kernel must not read is *poison*, NaN, +inf and -inf in turn:
+the slots past ``seq_len`` in a request's last block, the free blocks, and the
+blocks behind every unused table column (valid ids, so a stray read never
+leaves the cache). A read of poison cannot hide: a score masked to -inf gives
+p = 0, but 0 x NaN is still NaN. A NaN output is then diagnosed by running the
+same case with the poison replaced by zeros: if that answer is right (or
+matches a named mistake), the NaN came from reading past ``seq_len``.
+
+The block table is a view into a larger buffer with a guard row after it. In
+Triton's interpreter (on a CPU) every load is traced, and a load of a table
+column past a request's last block (a column the sequence does not reach, or
+past the row, or past the table) is named even though the kernel discards
+the value: our kernel promises never to read past the sequence, and the
+exercise asks the same (vLLM's loads the table unmasked and relies on its
+padding). Compiled on a GPU, loads cannot be traced; that property then checks
+the values only.
+
+A wrong output is compared with the answers of the common mistakes (reading
+blocks in order instead of through the table, attending to the whole last
+block, the wrong KV head for a query head, no scale) so that the hint names
+the mistake. Finally, the function is run once more with every Triton launch
+skipped and its fresh buffers poisoned: an answer that is still right was
+computed by PyTorch, not by the kernel.
 """
 
 from __future__ import annotations
@@ -24,45 +41,67 @@ from __future__ import annotations
 import torch
 
 from .._device import default_device
-from ..kernels.attention import paged_attention_ref
-from ._harness import Checker, CheckReport
-from ._triton_launches import count_triton_launches
 from ..common import cdiv
+from ..kernels.attention import paged_attention_ref
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
+from .kernel_probes import count_triton_launches, guarded_rows, loads_in, skipped_triton_launches, traced_loads
 
-__all__ = ["check_decode_attention"]
+__all__ = ["check_decode_attention", "TABLE_MISTAKE"]
 
-POISON = 1e4
+#: What the poisoned slots hold, element by element in turn.
+POISON = (float("nan"), float("inf"), float("-inf"))
+
+
+def _poison_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(POISON).repeat(cdiv(x.numel(), len(POISON)))[: x.numel()].view_as(x)
 
 
 def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, max_len=70):
-    """A decode step: scattered blocks, poison blocks behind every unused table column."""
+    """A decode step: scattered blocks; poison in every slot the kernel must not read.
+
+    Besides the kernel's arguments, ``need`` (each request's number of blocks,
+    the table columns it may read) and ``poison`` (a ``[num_blocks,
+    block_size]`` mask of the poisoned slots).
+    """
     g = torch.Generator().manual_seed(seed)
     lens = [int(x) for x in torch.randint(1, max_len + 1, (num_reqs,), generator=g)]
     need = [cdiv(n, block_size) for n in lens]
-    num_poison = 2
-    num_blocks = sum(need) + num_poison + 2
+    num_free = 2
+    num_blocks = sum(need) + num_free + 2
     shape = (num_blocks, block_size, kv_heads, head_dim)
     kc, vc = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-    ids = torch.randperm(num_blocks, generator=g).tolist()
-    poison, ids = ids[:num_poison], ids[num_poison:]
-    kc[poison], vc[poison] = POISON, POISON
-    table = torch.tensor(poison[0]).repeat(num_reqs, max(need) + 2).to(torch.int32)
+    # Block 0 (vLLM's null block, and where a masked table load's other=0 points) is free, so
+    # poisoned: a K/V load left unmasked behind a masked table load reads it.
+    ids = [0] + (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    poison = torch.ones(num_blocks, block_size, dtype=torch.bool)  # cleared where a request's token sits
+    unused = ids[: num_free + 2]  # unused columns point at these: free blocks, all poison
+    ids = ids[num_free + 2:]
+    table = torch.tensor(unused).repeat(max(need) + 2)[: num_reqs * (max(need) + 2)]
+    table = table.view(num_reqs, max(need) + 2).to(torch.int32)
     for r in range(num_reqs):
         table[r, : need[r]] = torch.tensor(ids[: need[r]], dtype=torch.int32)
+        for j, block in enumerate(ids[: need[r]]):
+            poison[block, : min(block_size, lens[r] - j * block_size)] = False
         ids = ids[need[r]:]
-        # Slots past seq_len inside the last block are poison too.
-        last, used = int(table[r, need[r] - 1]), lens[r] - (need[r] - 1) * block_size
-        kc[last, used:], vc[last, used:] = POISON, POISON
+    kc[poison], vc[poison] = _poison_like(kc[poison]), _poison_like(vc[poison])
     q = torch.randn(num_reqs, heads, head_dim, generator=g)
-    dev = default_device()
-    return dict(q=q.to(dev), key_cache=kc.to(dev), value_cache=vc.to(dev), block_table=table.to(dev),
-                seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev), scale=head_dim ** -0.5)
+    return dict(q=q, key_cache=kc, value_cache=vc, block_table=table,
+                seq_lens=torch.tensor(lens, dtype=torch.int32), scale=head_dim ** -0.5,
+                need=need, poison=poison)
+
+
+def _cleaned(case) -> dict:
+    """The same case with zeros instead of poison."""
+    clean = dict(case)
+    for name in ("key_cache", "value_cache"):
+        clean[name] = case[name].clone()
+        clean[name][case["poison"]] = 0.0
+    return clean
 
 
 def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, scale=None):
     """The right answer, or the answer of one named mistake."""
-    c = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    q, kc, vc, table, lens = c["q"], c["key_cache"], c["value_cache"], c["block_table"], c["seq_lens"]
+    q, kc, vc, table, lens = case["q"], case["key_cache"], case["value_cache"], case["block_table"], case["seq_lens"]
     bs = kc.shape[1]
     if in_order:  # block j of every request read from physical block j, ignoring the table
         table = torch.arange(table.shape[1], dtype=torch.int32).repeat(table.shape[0], 1)
@@ -75,39 +114,93 @@ def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, s
     n = q.shape[0]
     qsl = torch.arange(n + 1, dtype=torch.int32)
     return paged_attention_ref(q, kc, vc, table, lens.to(torch.int32), qsl,
-                               c["scale"] if scale is None else scale)
+                               case["scale"] if scale is None else scale)
 
 
 def _close(a, b) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.float().cpu(), b.float().cpu(), atol=2e-3, rtol=2e-3))
 
 
-def _diagnose(case, got) -> str:
-    mistakes = [
-        (dict(in_order=True), "it matches reading blocks 0, 1, 2, ... in order: look each position's "
-                              "block up in the table, block_table[r, pos // block_size]"),
-        (dict(whole_blocks=True), "it matches attending to every slot of the last block: mask the "
-                                  "positions >= seq_len (their slots hold someone else's data)"),
-        (dict(wrong_group=True), "it matches query head h reading KV head h % num_kv_heads: the "
-                                 "group of query heads sharing KV head k is k*group .. k*group+group-1"),
-        (dict(scale=1.0), "it matches attention without the scale: multiply the scores by `scale`"),
-    ]
-    for kwargs, hint in mistakes:
+MISTAKES = [
+    (dict(in_order=True), Mistake(
+        "blocks read in order", "it matches reading blocks 0, 1, 2, ... in order: look each position's "
+        "block up in the table, block_table[r, pos // block_size]")),
+    (dict(whole_blocks=True), Mistake(
+        "every slot of the last block", "it matches attending to every slot of the last block: mask the "
+        "positions >= seq_len (their slots hold someone else's data)")),
+    (dict(wrong_group=True), Mistake(
+        "the wrong KV head", "it matches query head h reading KV head h % num_kv_heads: the "
+        "group of query heads sharing KV head k is k*group .. k*group+group-1")),
+    (dict(scale=1.0), Mistake(
+        "no scale", "it matches attention without the scale: multiply the scores by `scale`")),
+]
+READ_PAST = Mistake(
+    "read past seq_len", "NaN/inf from the poisoned slots reached the output, and with zeros there "
+    "the answer is right: the K/V loads are not masked (a masked score gives p = 0, but 0 x NaN is "
+    "NaN, and on a GPU those slots hold whatever a previous request left): mask the K/V loads with "
+    "pos < seq_len, other=0.0")
+READ_POISON = Mistake(
+    "read past seq_len", "NaN/inf from the poisoned slots (past seq_len, unused table columns, free "
+    "blocks) reached the output: mask every K/V load with pos < seq_len")
+FIRST_TILE = Mistake(
+    "the online softmax's first tile", "the output has NaN/inf even with no poison in the cache: "
+    "guard the online softmax's first tile (exp(-inf - -inf) is NaN)")
+TABLE_MISTAKE = Mistake(
+    "loads block-table columns past the sequence", "mask the table load with pos < seq_len, as the "
+    "K/V loads: a column past the sequence may lie past the row, or past the whole table")
+CHEAT_MISTAKE = Mistake(
+    "computed outside the kernel", "the kernel must produce the output: the wrapper only allocates "
+    "it (torch.empty) and launches; every value comes from a tl.store")
+
+
+def _named(case, got) -> str | None:
+    for kwargs, mistake in MISTAKES:
         if _close(got, _reference(case, **kwargs)):
-            return hint
-    if not bool(torch.isfinite(got.float()).all()):
-        return "the output has NaN/inf: guard the online softmax's first tile (max of -inf)"
-    if float(got.float().abs().max()) > POISON / 10:
-        return ("values near the poison (1e4) reached the output: you read K/V past seq_len "
-                "(unused table columns or slots past the end)")
-    return "compare one request by hand with the chapter's gather-then-attend reference"
+            return mistake.diagnosis()
+    return None
 
 
-def _run(fn, case, launches_seen: list[int]):
-    args = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    with count_triton_launches() as launches:
+def _diagnose(fn, case, got) -> str | None:
+    """Name the mistake; for a NaN output, rerun the case with zeros in place of the poison."""
+    if bool(torch.isfinite(got.float()).all()):
+        return _named(case, got)
+    clean = _cleaned(case)
+    got_clean = _run(fn, clean, [], [])
+    if not bool(torch.isfinite(got_clean.float()).all()):
+        return FIRST_TILE.diagnosis()
+    named = _named(clean, got_clean)
+    if named:
+        return f"{READ_POISON.name} ({named})"
+    if _close(got_clean, _reference(clean)):
+        return READ_PAST.diagnosis()
+    return READ_POISON.diagnosis()
+
+
+def _table_reads_past(case, view, addresses) -> str | None:
+    """The first traced table load past a request's last block, described (``None``: none)."""
+    need = case["need"]
+    for row, col in loads_in(addresses, view).tolist():
+        if not 0 <= row < len(need):
+            return f"it loaded the table's memory past its last row (row {row}, column {col})"
+        if col >= need[row]:
+            return (f"it loaded block-table column {col} of request {row}, whose sequence "
+                    f"({int(case['seq_lens'][row])} tokens) ends in column {need[row] - 1}")
+    return None
+
+
+def _run(fn, case, launches_seen: list[int], table_reads: list[str]):
+    """Run ``fn`` on device copies of ``case``, its table a guarded view; trace the table loads."""
+    dev = default_device()
+    args = {k: (case[k].to(dev, copy=True) if isinstance(case[k], torch.Tensor) else case[k])
+            for k in ("q", "key_cache", "value_cache", "seq_lens", "scale")}
+    # The guard row after the table points at a poisoned block too: a stray read stays in the cache.
+    args["block_table"] = guarded_rows(case["block_table"], guard=int(case["block_table"][0, -1]))
+    with count_triton_launches() as launches, traced_loads() as addresses:
         got = fn(**args)
     launches_seen.append(launches.count)
+    seen = _table_reads_past(case, args["block_table"], addresses)
+    if seen:
+        table_reads.append(seen)
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.shape != case["q"].shape:
@@ -115,12 +208,30 @@ def _run(fn, case, launches_seen: list[int]):
     return got
 
 
-def check_decode_attention(decode_attention, seed: int = 0) -> CheckReport:
-    """Run ``decode_attention`` on scattered paged caches against the reference."""
+def _without_kernels(fn, case) -> None:
+    """Run with every launch skipped and fresh buffers poisoned: a right answer is PyTorch's."""
+    dev = default_device()
+    args = {k: (case[k].to(dev, copy=True) if isinstance(case[k], torch.Tensor) else case[k])
+            for k in ("q", "key_cache", "value_cache", "block_table", "seq_lens", "scale")}
+    with skipped_triton_launches():
+        got = fn(**args)
+    if isinstance(got, torch.Tensor) and _close(got, _reference(case)):
+        raise WrongAnswer("with every Triton launch skipped, it still returned the right output: "
+                          "PyTorch computed it, not your kernel", CHEAT_MISTAKE.diagnosis())
+
+
+def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120.0) -> CheckReport:
+    """Run ``decode_attention`` on scattered paged caches against the reference.
+
+    ``timeout`` bounds each property, in seconds (the interpreter is slow; a
+    hang stops the whole check after one timeout).
+    """
+    fn = decode_attention
     launches: list[int] = []
-    with Checker("decode attention", timeout=120) as c:
+    table_reads: list[str] = []
+    with Checker("decode attention", timeout=timeout) as c:
         def first():
-            _run(decode_attention, _case(seed, num_reqs=1, kv_heads=2, max_len=16), launches)
+            _run(fn, _case(seed, num_reqs=1, kv_heads=2, max_len=16), launches, table_reads)
 
         if not c.prop("runs and returns a tensor shaped like q", first):
             if "not implemented yet" in c.report.results[-1].detail:
@@ -130,23 +241,41 @@ def check_decode_attention(decode_attention, seed: int = 0) -> CheckReport:
             def body():
                 for i in range(2):
                     case = _case(seed * 100 + i, **shape)
-                    got = _run(decode_attention, case, launches)
+                    got = _run(fn, case, launches, table_reads)
                     if not _close(got, _reference(case)):
-                        raise AssertionError(_diagnose(case, got))
+                        finite = bool(torch.isfinite(got.float()).all())
+                        raise WrongAnswer(f"case {i} ({case['q'].shape[0]} requests, block size "
+                                          f"{case['key_cache'].shape[1]}): the output "
+                                          f"{'differs from the reference' if finite else 'has NaN/inf'}",
+                                          _diagnose(fn, case, got))
             return body
 
-        c.prop("one request, one block", case_prop(num_reqs=1, max_len=16, block_size=16))
+        hint = "compare one request by hand with the chapter's gather-then-attend reference"
+        c.prop("one request, one block", case_prop(num_reqs=1, max_len=16, block_size=16), hint)
         c.prop("scattered tables, lengths not multiples of the block size",
-               case_prop(num_reqs=4, block_size=16, max_len=90))
-        c.prop("block size 1 (a token-level table)", case_prop(num_reqs=3, block_size=1, max_len=40))
+               case_prop(num_reqs=4, block_size=16, max_len=90), hint)
+        c.prop("block size 1 (a token-level table)", case_prop(num_reqs=3, block_size=1, max_len=40), hint)
         c.prop("grouped-query attention, 4 query heads per KV head",
-               case_prop(num_reqs=3, heads=8, kv_heads=2, max_len=50))
-        c.prop("GQA ratio 1 (multi-head attention)", case_prop(num_reqs=3, heads=2, kv_heads=2, max_len=50))
+               case_prop(num_reqs=3, heads=8, kv_heads=2, max_len=50), hint)
+        c.prop("GQA ratio 1 (multi-head attention)", case_prop(num_reqs=3, heads=2, kv_heads=2, max_len=50), hint)
+
+        def table_loads():
+            case_prop(num_reqs=3, block_size=4, max_len=30)()
+            if table_reads:
+                raise WrongAnswer(f"{table_reads[0]} ({len(table_reads)} call(s) read past a sequence)",
+                                  TABLE_MISTAKE.diagnosis())
+
+        c.prop("never loads a block-table column past the sequence", table_loads)
 
         def launched():
             if not launches or min(launches) == 0:
                 raise AssertionError("no Triton kernel ran in some call: the attention must be computed "
                                      "by a @triton.jit kernel launched as kernel[grid](...)")
+            _without_kernels(fn, _case(seed + 7, num_reqs=2, max_len=20))
 
         c.prop("computes in a Triton kernel", launched)
     return c.report
+
+
+catalogue(check_decode_attention, [m for _, m in MISTAKES],
+          [READ_PAST, READ_POISON, FIRST_TILE, TABLE_MISTAKE, CHEAT_MISTAKE])

@@ -33,6 +33,12 @@ request it allocates for, whom it preempts, what it returns. It compares each
 move with the one vLLM's loop makes in the same state, so a wrong move is named
 at the step where it happens ("preempted the first running request instead of
 the last") rather than inferred from a different outcome many steps later.
+The referee hands the learner's function a watched scheduler (``_Watched``):
+its ``preempt`` and its manager's ``allocate_slots`` and ``free`` are the
+referee's, everything else the real objects'; nothing of the library is
+patched. The function is installed through the scheduler's public
+``allocate_with_preemption`` hook. The library's own ``preempt_last_running``
+(or a wrapper of it) is refused with one line: the exercise is to write it.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from dataclasses import dataclass, field
 
 from ..engine import EngineArgs, EngineRequest, LLMEngine, RequestStatus, Scheduler, preempt_last_running
 from ..kv_cache_manager import KVCacheManager
-from ._harness import Checker, CheckReport
+from ._harness import FAIL, Checker, CheckReport, PropertyResult
 from ..common import cdiv
 
 __all__ = ["check_preemption_loop"]
@@ -151,14 +157,12 @@ class _Call:
         self.manager = scheduler.kv_cache_manager
         self.where = where.format(rid=request.request_id)
         self._allocate = self.manager.allocate_slots
-        self._free = self.manager.free
         self._preempt = scheduler.preempt
         self.last_blocks = None  # what the last successful allocation returned
         self.tried = False  # allocate_slots called at least once
         self.failed_in_a_row = 0  # failed allocations since the last preemption
         self.victims: list[str] = []
         self.self_preempted = False
-        self.in_preempt = False
         self.foul: _Foul | None = None
 
     def _whistle(self, message: str) -> None:
@@ -188,11 +192,13 @@ class _Call:
         return self.last_blocks
 
     def free(self, request, *args, **kwargs):
-        if not self.in_preempt:
-            rid = getattr(request, "request_id", request)
-            self._whistle(f"freed {rid}'s blocks with kv_cache_manager.free: call scheduler.preempt({rid}) "
-                          "instead, which also takes it out of running and requeues it")
-        return self._free(request, *args, **kwargs)
+        # Only the learner's own calls come here: scheduler.preempt frees through the real manager.
+        rid = getattr(request, "request_id", request)
+        self._whistle(f"freed {rid}'s blocks with kv_cache_manager.free instead of calling "
+                      f"scheduler.preempt({rid}): the scheduler then never learns that this step "
+                      "preempted, so it admits waiting requests in the same step (vLLM admits nobody "
+                      "in a step that preempted); scheduler.preempt frees, takes the victim out of "
+                      "running, requeues it and records the preemption")
 
     def preempt(self, victim):
         s, rid = self.scheduler, self.request.request_id
@@ -216,15 +222,14 @@ class _Call:
                           "first, preempt only when it returns None")
         last = s.running[-1]
         if victim is not last:
+            fcfs = ("vLLM's FCFS policy preempts the last request of the running list "
+                    "(scheduler.running[-1]), the one admitted or resumed most recently, which "
+                    "after a resumption is not simply the latest arrival")
             if victim is s.running[0]:
                 self._whistle(f"preempted the first running request ({vid}) instead of the last "
-                              f"({last.request_id}): the last admitted has the least work to lose")
-            self._whistle(f"preempted {vid}, not the last running request ({last.request_id})")
-        self.in_preempt = True
-        try:
-            self._preempt(victim)
-        finally:
-            self.in_preempt = False
+                              f"({last.request_id}): {fcfs}")
+            self._whistle(f"preempted {vid}, not the last running request ({last.request_id}): {fcfs}")
+        self._preempt(victim)
         self.victims.append(vid)
         self.failed_in_a_row = 0
         self.last_blocks = None
@@ -236,6 +241,13 @@ class _Call:
         rid = self.request.request_id
         if self.foul is not None:  # the learner's code caught it: it still counts
             raise self.foul
+        front = [r.request_id for r in self.scheduler.waiting][:len(self.victims)]
+        if front != self.victims[::-1]:
+            moved = [v for v in self.victims if v not in front] or self.victims
+            self._whistle(f"preempted {', '.join(self.victims)} in the right order, but then moved "
+                          f"{', '.join(moved)} in the waiting queue (its front is now {front}): "
+                          "scheduler.preempt already requeues each victim at the front, so it resumes "
+                          "first; do not move it to the back")
         if self.self_preempted:
             if result is not None:
                 self._whistle(f"returned blocks for a preempted request: {rid} preempted itself, so return "
@@ -260,8 +272,32 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+class _Watched:
+    """A stand-in for a library object: the ``overrides`` answer first, the object itself the rest.
+
+    The learner's function gets a watched scheduler whose ``preempt`` and
+    whose manager's ``allocate_slots`` and ``free`` are the referee's; nothing
+    of the library is patched, and every other attribute (``running``,
+    ``waiting``, ...) is the real one, writes included.
+    """
+
+    def __init__(self, target, **overrides):
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_overrides", overrides)
+
+    def __getattr__(self, name):
+        overrides = object.__getattribute__(self, "_overrides")
+        if name in overrides:
+            return overrides[name]
+        return getattr(object.__getattribute__(self, "_target"), name)
+
+    def __setattr__(self, name, value):
+        setattr(object.__getattribute__(self, "_target"), name, value)
+
+
 class _Refereed:
-    """The learner's function with a referee on every call."""
+    """The learner's function with a referee on every call (the scheduler's public
+    ``allocate_with_preemption`` hook)."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -269,13 +305,9 @@ class _Refereed:
 
     def __call__(self, scheduler, request, num_new_tokens):
         call = _Call(scheduler, request, num_new_tokens, self.where)
-        manager = scheduler.kv_cache_manager
-        scheduler.preempt = call.preempt  # instance attributes shadow the methods for this call only
-        manager.allocate_slots, manager.free = call.allocate_slots, call.free
-        try:
-            result = self.fn(scheduler, request, num_new_tokens)
-        finally:
-            del scheduler.preempt, manager.allocate_slots, manager.free
+        manager = _Watched(scheduler.kv_cache_manager, allocate_slots=call.allocate_slots, free=call.free)
+        watched = _Watched(scheduler, preempt=call.preempt, kv_cache_manager=manager)
+        result = self.fn(watched, request, num_new_tokens)
         call.judge(result)
         return result
 
@@ -456,6 +488,22 @@ def _one_thread():
         torch.set_num_threads(n)
 
 
+LIBRARY_LOOP = ("that is the library's own preempt_last_running, not your loop: the exercise asks you "
+                "to write it (allocate_slots; while it returns None, scheduler.preempt the last running "
+                "request; stop when it fits or the victim is the request)")
+
+
+def _is_library_loop(fn) -> bool:
+    """``fn`` is ``preempt_last_running`` itself, or wraps it (a partial, a decorator's ``__wrapped__``)."""
+    seen = 0
+    while fn is not None and seen < 10:
+        if fn is preempt_last_running or getattr(fn, "__code__", None) is preempt_last_running.__code__:
+            return True
+        fn = getattr(fn, "func", None) or getattr(fn, "__wrapped__", None) or getattr(fn, "__func__", None)
+        seen += 1
+    return False
+
+
 def check_preemption_loop(allocate_with_preemption, seed: int = 0, timeout: float = 20.0) -> CheckReport:
     """Check ``allocate_with_preemption(scheduler, request, num_new_tokens) -> blocks | None``.
 
@@ -464,6 +512,10 @@ def check_preemption_loop(allocate_with_preemption, seed: int = 0, timeout: floa
     """
     fn = allocate_with_preemption
     c = Checker("preemption loop", timeout=timeout, verbose=False)
+    if _is_library_loop(fn):
+        c.report.results.append(PropertyResult(c.report.title, False, LIBRARY_LOOP))
+        print(f"{FAIL} {c.report.title}: {LIBRARY_LOOP}")
+        return c.report
 
     def prop(name, body) -> bool:
         ok = c.prop(name, body)

@@ -1,0 +1,171 @@
+"""What the kernel checkers (exercises 5 and 7) need to see inside a launch.
+
+* ``count_triton_launches``: how many Triton kernels a call launched.
+* ``skipped_triton_launches``: run a call with every launch skipped and
+  every fresh ``torch.empty*`` buffer poisoned (NaN, or an integer sentinel).
+  If the answer is still right, PyTorch computed it, not the kernel: a
+  learner who computes the result in PyTorch and launches a kernel that does
+  nothing is caught, whatever PyTorch functions they used.
+* ``guarded_rows`` and ``traced_loads``: hand a kernel a table that is a view
+  into a larger buffer with guard rows, and record the address of every live
+  lane of every ``tl.load`` (in Triton's interpreter only: compiled kernels
+  cannot be traced). ``loads_in`` then counts the loads a kernel made into
+  any region of that buffer, so a checker can name an unmasked load that
+  reads outside what it may read, even when the value it read is discarded.
+
+Every launch, compiled or interpreted, goes through ``run`` on the kernel
+object (``kernel[grid](...)`` calls it), and every interpreted load through
+``InterpreterBuilder.create_masked_load``; the context managers here patch
+those Triton methods for the duration of a ``with`` and restore them after.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .._device import default_device
+
+__all__ = ["LaunchCount", "count_triton_launches", "skipped_triton_launches", "interpreted",
+           "GUARD_BLOCK_ID", "guarded_rows", "traced_loads", "loads_in", "INT_POISON"]
+
+#: The block id in the guard rows around a ``guarded_rows`` table.
+GUARD_BLOCK_ID = 999_999
+#: What a poisoned integer buffer holds (floating buffers hold NaN).
+INT_POISON = -123_456_789
+
+
+@dataclass
+class LaunchCount:
+    count: int = 0
+
+
+def _kernel_classes():
+    from triton.runtime.jit import JITFunction
+
+    classes = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # a Triton without the interpreter
+        return classes
+    return classes + [InterpretedFunction]
+
+
+@contextmanager
+def _patched_launches(counter: LaunchCount, skip: bool):
+    originals = {}
+    for cls in _kernel_classes():
+        original = cls.__dict__.get("run")
+        if original is None:
+            continue
+
+        def run(self, *args, __original=original, **kwargs):
+            counter.count += 1
+            return None if skip else __original(self, *args, **kwargs)
+
+        originals[cls] = original
+        cls.run = run
+    try:
+        yield counter
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+@contextmanager
+def count_triton_launches():
+    """``with count_triton_launches() as n: ...``; afterwards ``n.count`` launches ran."""
+    with _patched_launches(LaunchCount(), skip=False) as counter:
+        yield counter
+
+
+class _PoisonedAllocations(TorchFunctionMode):
+    """Fresh ``empty`` buffers come filled with NaN (or ``INT_POISON``), never with stale data."""
+
+    FACTORIES = (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.FACTORIES and isinstance(out, torch.Tensor):
+            if out.is_floating_point():
+                out.fill_(float("nan"))
+            elif out.dtype != torch.bool:
+                out.fill_(INT_POISON)
+        return out
+
+
+@contextmanager
+def skipped_triton_launches():
+    """``with skipped_triton_launches() as n``: launches are counted, not run; ``empty`` buffers poisoned.
+
+    What a call returns or writes under this ``with`` is what it computes
+    without its kernels: a wrapper that leaves the work to its kernel returns
+    poison (or leaves its in-place outputs untouched).
+    """
+    with _patched_launches(LaunchCount(), skip=True) as counter, _PoisonedAllocations():
+        yield counter
+
+
+def interpreted() -> bool:
+    """True when Triton runs in its interpreter (on a CPU): only then are loads traced."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def guarded_rows(table: torch.Tensor, guard: int = GUARD_BLOCK_ID) -> torch.Tensor:
+    """``table`` on the default device, as a view with one guard row (all ``guard``) before and after.
+
+    The view is contiguous (whole rows), so ``stride(0) == shape[1]``. A near
+    miss of an unmasked load (row -1, one past the last row) lands in a guard
+    row: a wrong value or a traced load, not a crash.
+    """
+    buf = torch.full((table.shape[0] + 2, table.shape[1]), guard, dtype=torch.int32,
+                     device=default_device())
+    buf[1:-1] = table.to(buf.device)
+    return buf[1:-1]
+
+
+@contextmanager
+def traced_loads():
+    """Record the addresses of every live lane of every ``tl.load`` (interpreter only; else nothing)."""
+    addresses: list[np.ndarray] = []
+    if not interpreted():
+        yield addresses
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        data = np.asarray(ptrs.data)
+        live = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+        addresses.append(data[live].astype(np.uint64).ravel())
+        return original(self, ptrs, mask, *args, **kwargs)
+
+    InterpreterBuilder.create_masked_load = create_masked_load
+    try:
+        yield addresses
+    finally:
+        InterpreterBuilder.create_masked_load = original
+
+
+def loads_in(addresses, view: torch.Tensor, rows_before: int = 1, rows_after: int = 1) -> np.ndarray:
+    """The traced loads that fell on a 2-D ``view``'s memory or its guard rows, as ``(row, column)`` pairs.
+
+    Rows are numbered as the view's (the guard row before is -1); only
+    element-aligned addresses count. An empty array when nothing was traced.
+    """
+    if not addresses:
+        return np.zeros((0, 2), dtype=np.int64)
+    size = view.element_size()
+    row = view.stride(0) * size
+    start = view.data_ptr() - rows_before * row
+    end = view.data_ptr() + (view.shape[0] + rows_after) * row
+    a = np.concatenate(addresses).astype(np.int64)
+    a = a[(a >= start) & (a < end) & ((a - start) % size == 0)]
+    offset = (a - view.data_ptr()) // size
+    return np.stack([offset // view.stride(0), offset % view.stride(0)], axis=1)
