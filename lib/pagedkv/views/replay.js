@@ -16,9 +16,10 @@
    play       from the last frame, restart at 0; then advance every 900 ms
               until the last frame
 
-   The controls carry `hidden` in the markup, and the script unhides them:
-   where no script runs (a sanitized, untrusted notebook) no dead button is
-   left, and a <style> the sanitizer also strips is what hides frames 1..n-1.
+   The controls carry `hidden` in the markup and the script unhides them, so
+   where no script runs (an untrusted notebook's sanitizer strips it) no dead
+   button is left. Frames 1..n-1 are hidden by a <style>, which that sanitizer
+   strips too: there every frame shows, stacked in order.
 */
 (function(){var r=document.getElementById('__REPLAY_ID__');if(!r)return;
 r.querySelector('.pkv-controls').hidden=false;var f=r.querySelectorAll('.pkv-frame'),s=r.querySelector('input'),c=r.querySelector('.pkv-step'),
