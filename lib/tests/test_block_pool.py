@@ -774,9 +774,9 @@ def _run_block_pool_machine():
 
 
 def test_benchmark_trace_and_deque_pool_agree_with_block_pool():
-    from pagedkv.bench.block_pool import DequeBlockPool, make_trace, replay_trace
+    from pagedkv.bench.block_pool import DequeBlockPool, make_alloc_free_trace, replay_trace
 
-    trace = make_trace(num_gpu_blocks=200, num_ops=3_000, seed=1)
+    trace = make_alloc_free_trace(num_gpu_blocks=200, num_ops=3_000, seed=1)
     assert all(1 <= op <= 8 for op in trace if op > 0)
     ours, naive = BlockPool(200), DequeBlockPool(200)
     moved = replay_trace(ours, trace)

@@ -550,7 +550,7 @@ def test_trace_replays_one_frame_per_step(model):
 
 
 def test_live_views_follow_the_engine_throttled(model):
-    from pagedkv.views.widgets import BlockPoolView, BlockTableView
+    from pagedkv.views import BlockPoolView, BlockTableView
 
     engine = LLMEngine(tiny_args(num_gpu_blocks_override=12, max_model_len=40), model)
     pool_view = BlockPoolView(engine.kv_cache_manager.block_pool, min_interval=0)

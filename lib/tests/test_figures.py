@@ -14,7 +14,7 @@ from pagedkv.views.figures import (  # noqa: E402
     pool_history_figure,
     pool_snapshot,
 )
-from pagedkv.sim.scheduler_sim import PagedKV  # noqa: E402
+from pagedkv.sim.paged_kv import PagedKV  # noqa: E402
 
 
 def _texts(fig):

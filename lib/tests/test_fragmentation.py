@@ -1,4 +1,4 @@
-"""Fragmentation: known answers, conservation on random traces, oracles, and bad input."""
+"""Chapter 2's simulations (pagedkv.sim) and their drawings (pagedkv.views.fragmentation): known answers, conservation on random traces, oracles, and bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedkv import budget
-from pagedkv.sim import fragmentation as fr
+from pagedkv import sim
+from pagedkv.common import InvariantError
+from pagedkv.views import fragmentation as fv
 from pagedkv.budget import GiB, KiB, MiB
 
 BPT = budget.kv_bytes_per_token("Llama-3-8B")  # 128 KiB
@@ -29,9 +31,9 @@ def test_reference_setup():
 
 def test_max_length_reservation_wastes_98_13_percent_of_a_chat_turn():
     assert MAX_LEN * BPT == 4 * GiB
-    assert round(100 * fr.over_reservation_waste(612, MAX_LEN), 2) == 98.13
+    assert round(100 * sim.over_reservation_waste(612, MAX_LEN), 2) == 98.13
     # Measured on the allocator: one 512 + 100 turn in its reservation.
-    a = fr.MaxLengthAllocator(SLOTS, MAX_LEN)
+    a = sim.MaxLengthAllocator(SLOTS, MAX_LEN)
     assert a.admit("r", 512, 100)
     for _ in range(100):
         assert a.grow("r")
@@ -41,7 +43,7 @@ def test_max_length_reservation_wastes_98_13_percent_of_a_chat_turn():
 
 
 def test_thirteen_reservations_hold_0_97_gib_of_live_kv():
-    a = fr.MaxLengthAllocator(SLOTS, MAX_LEN)
+    a = sim.MaxLengthAllocator(SLOTS, MAX_LEN)
     admitted = sum(a.admit(i, 612) for i in range(20))
     assert admitted == a.num_extents == 13 == budget.contiguous_reservations(POOL_BYTES, "Llama-3-8B", MAX_LEN)
     assert not a.admit("one more", 1)
@@ -52,7 +54,7 @@ def test_thirteen_reservations_hold_0_97_gib_of_live_kv():
 
 
 def test_612_tokens_hold_39_blocks_and_the_ceiling_is_686():
-    a = fr.PagedAllocator(SLOTS, 16, MAX_LEN)
+    a = sim.PagedAllocator(SLOTS, 16, MAX_LEN)
     assert a.admit("r", 612) and len(a.blocks_of("r")) == 39 == budget.blocks_per_request(612, 16)
     a.finish("r")
     admitted = 0
@@ -70,7 +72,7 @@ def test_internal_waste_bound_per_sequence_and_at_686(block_size, mib, gib_at_68
     assert round(686 * worst / GiB, 1) == gib_at_686
     assert round(100 * 686 * worst / POOL_BYTES, 1 if percent < 10 else 0) == percent
     # The worst case, measured: every request one token into a fresh block.
-    a = fr.PagedAllocator(SLOTS, block_size, MAX_LEN)
+    a = sim.PagedAllocator(SLOTS, block_size, MAX_LEN)
     for i in range(686):
         assert a.admit(i, block_size + 1)
     assert set(a.internal_waste().values()) == {block_size - 1}
@@ -78,19 +80,19 @@ def test_internal_waste_bound_per_sequence_and_at_686(block_size, mib, gib_at_68
 
 
 def test_tail_waste_15_1_0_15_and_when_7_75_is_the_mean():
-    assert [fr.unused_tail_slots(n, 16) for n in (1, 15, 16, 17)] == [15, 1, 0, 15]
-    assert fr.unused_tail_slots(np.array([1, 15, 16, 17]), 16).tolist() == [15, 1, 0, 15]
-    assert fr.expected_tail_waste([1, 15, 16, 17], None, 16) == 7.75
-    assert fr.expected_tail_waste([1, 15, 16, 17], [0.25] * 4, 16) == 7.75
+    assert [sim.unused_tail_slots(n, 16) for n in (1, 15, 16, 17)] == [15, 1, 0, 15]
+    assert sim.unused_tail_slots(np.array([1, 15, 16, 17]), 16).tolist() == [15, 1, 0, 15]
+    assert sim.expected_tail_waste([1, 15, 16, 17], None, 16) == 7.75
+    assert sim.expected_tail_waste([1, 15, 16, 17], [0.25] * 4, 16) == 7.75
     # Not equally likely, not 7.75: mostly 16-token sequences waste little.
-    assert fr.expected_tail_waste([1, 15, 16, 17], [0.1, 0.1, 0.7, 0.1], 16) == pytest.approx(3.1)
-    assert fr.uniform_tail_waste(16) == 7.5
+    assert sim.expected_tail_waste([1, 15, 16, 17], [0.1, 0.1, 0.7, 0.1], 16) == pytest.approx(3.1)
+    assert sim.uniform_tail_waste(16) == 7.5
 
 
 @given(block_size=st.integers(1, 64), start=st.integers(1, 10_000), laps=st.integers(1, 3))
 def test_uniform_residues_give_half_a_block_less_a_half(block_size, start, laps):
     lengths = np.arange(start, start + laps * block_size)  # every residue, equally often
-    assert fr.expected_tail_waste(lengths, None, block_size) == pytest.approx((block_size - 1) / 2)
+    assert sim.expected_tail_waste(lengths, None, block_size) == pytest.approx((block_size - 1) / 2)
 
 
 @given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=20), block_size=st.integers(1, 256),
@@ -101,12 +103,12 @@ def test_expected_tail_waste_matches_a_plain_loop(lengths, block_size, data):
         weights[0] = 1
     probs = [w / sum(weights) for w in weights]
     want = sum(p * ((block_size - n % block_size) % block_size) for n, p in zip(lengths, probs))
-    assert fr.expected_tail_waste(lengths, probs, block_size) == pytest.approx(want)
+    assert sim.expected_tail_waste(lengths, probs, block_size) == pytest.approx(want)
 
 
 # ------------------------------------------------------------------ allocators, by construction
 def test_first_fit_refuses_while_enough_total_is_free():
-    a = fr.VariableExtentAllocator(100, 100, "first-fit")
+    a = sim.VariableExtentAllocator(100, 100, "first-fit")
     for rid in "abc":
         assert a.admit(rid, 30)
     assert a.admit("d", 10)
@@ -119,11 +121,11 @@ def test_first_fit_refuses_while_enough_total_is_free():
     assert (occ.external, occ.free) == (60, 0)
     assert a.occupancy(waiting=(30, 0)).external == 0  # a hole holds that one
     assert a.occupancy(waiting=(70, 0)).external == 0  # not enough in total: shortage, not fragmentation
-    assert fr.largest_free_extent(a.allocated_extents().values(), 100) == 30
+    assert sim.largest_free_extent(a.allocated_extents().values(), 100) == 30
 
 
 def test_freed_extents_coalesce_with_both_neighbours():
-    a = fr.VariableExtentAllocator(100, 100)
+    a = sim.VariableExtentAllocator(100, 100)
     for rid in "abcd":
         assert a.admit(rid, 20)
     a.finish("a")
@@ -139,7 +141,7 @@ def test_freed_extents_coalesce_with_both_neighbours():
 def test_first_fit_and_best_fit_choose_different_holes():
     placed = {}
     for policy in ("first-fit", "best-fit"):
-        a = fr.VariableExtentAllocator(100, 100, policy)
+        a = sim.VariableExtentAllocator(100, 100, policy)
         for rid, n in [("a", 50), ("b", 10), ("c", 20), ("d", 20)]:
             assert a.admit(rid, n)
         a.finish("a")
@@ -151,7 +153,7 @@ def test_first_fit_and_best_fit_choose_different_holes():
 
 
 def test_contiguous_reservation_covers_growth_and_paged_allocates_on_block_boundaries():
-    v = fr.VariableExtentAllocator(1000, 500)
+    v = sim.VariableExtentAllocator(1000, 500)
     assert v.admit("r", 10, 5)
     assert v.occupancy().over_reserved == 5
     for _ in range(5):
@@ -159,7 +161,7 @@ def test_contiguous_reservation_covers_growth_and_paged_allocates_on_block_bound
     assert v.occupancy().over_reserved == 0
     with pytest.raises(ValueError, match="already wrote"):
         v.grow("r")
-    p = fr.PagedAllocator(64, 16, 64)
+    p = sim.PagedAllocator(64, 16, 64)
     assert p.admit("r", 16, 20)
     assert p.num_free_blocks == 3
     assert p.grow("r") and p.num_free_blocks == 2  # token 17 opens block 2
@@ -169,7 +171,7 @@ def test_contiguous_reservation_covers_growth_and_paged_allocates_on_block_bound
 
 
 def test_paged_growth_is_refused_without_a_free_block_and_changes_nothing():
-    p = fr.PagedAllocator(32, 16, 32)
+    p = sim.PagedAllocator(32, 16, 32)
     assert p.admit("a", 16, 16) and p.admit("b", 16, 16)
     before = snapshot(p)
     assert not p.grow("a")
@@ -179,7 +181,7 @@ def test_paged_growth_is_refused_without_a_free_block_and_changes_nothing():
 
 
 def test_grow_all_is_vectorised_but_equal_to_one_by_one():
-    one, many = (fr.PagedAllocator(4096, 16, 1024) for _ in range(2))
+    one, many = (sim.PagedAllocator(4096, 16, 1024) for _ in range(2))
     for a in (one, many):
         for i, n in enumerate([1, 15, 16, 17, 100]):
             assert a.admit(i, n, 200)
@@ -272,13 +274,13 @@ class Oracle:
 class AllocatorMachine(RuleBasedStateMachine):
     """Random admit / grow / grow_all / finish on one allocator; check() and the oracle after each."""
 
-    @initialize(kind=st.sampled_from(fr.ALLOCATOR_KINDS), capacity=st.integers(8, 160),
+    @initialize(kind=st.sampled_from(sim.ALLOCATOR_KINDS), capacity=st.integers(8, 160),
                 max_len=st.integers(4, 48), block_size=st.sampled_from([1, 2, 4, 8, 16]))
     def setup(self, kind, capacity, max_len, block_size):
         max_len = min(max_len, capacity // 2 if kind != "max-length" else capacity)
         if kind in ("paged", "token"):
             block_size = 1 if kind == "token" else min(block_size, max_len)
-        self.alloc = fr.make_allocator(kind, capacity, max_len, block_size)
+        self.alloc = sim.make_allocator(kind, capacity, max_len, block_size)
         self.oracle = Oracle(kind, capacity, max_len, 1 if kind == "token" else block_size)
         self.next_id = 0
 
@@ -343,16 +345,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert self.alloc.occupancy().as_dict() == self.oracle.parts()
         for rid, (w, lim, start, need) in self.oracle.requests.items():
             assert self.alloc.written(rid) == w
-            if isinstance(self.alloc, fr.VariableExtentAllocator):
+            if isinstance(self.alloc, sim.VariableExtentAllocator):
                 assert self.alloc.allocated_extents()[rid] == (start, need)
-            if isinstance(self.alloc, fr.MaxLengthAllocator):
+            if isinstance(self.alloc, sim.MaxLengthAllocator):
                 assert self.alloc.extent_of(rid)[0] == start
-        if isinstance(self.alloc, fr.PagedAllocator):
+        if isinstance(self.alloc, sim.PagedAllocator):
             assert all(0 <= w < self.alloc.block_size for w in self.alloc.internal_waste().values())
-        if isinstance(self.alloc, fr.VariableExtentAllocator):
+        if isinstance(self.alloc, sim.VariableExtentAllocator):
             runs = self.oracle.runs()
             assert self.alloc.largest_free_extent() == max((n for _, n in runs), default=0)
-            assert fr.largest_free_extent(self.alloc.allocated_extents().values(), self.alloc.capacity) == \
+            assert sim.largest_free_extent(self.alloc.allocated_extents().values(), self.alloc.capacity) == \
                 self.alloc.largest_free_extent()
 
 
@@ -368,17 +370,17 @@ def small_trace(data, max_len):
     max_new = data.draw(st.lists(st.integers(1, max_len // 2), min_size=n, max_size=n))
     output = [data.draw(st.integers(1, m)) for m in max_new]
     arrival = sorted(data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)))
-    return fr.Trace(*(np.array(x, np.int64) for x in (arrival, prompt, output, max_new)))
+    return sim.Trace(*(np.array(x, np.int64) for x in (arrival, prompt, output, max_new)))
 
 
 @settings(max_examples=60, deadline=None)
-@given(kind=st.sampled_from(fr.ALLOCATOR_KINDS), capacity=st.integers(40, 400), block_size=st.sampled_from([2, 4, 16]),
+@given(kind=st.sampled_from(sim.ALLOCATOR_KINDS), capacity=st.integers(48, 400), block_size=st.sampled_from([2, 4, 16]),
        data=st.data())
 def test_simulation_conserves_the_pool_at_every_step(kind, capacity, block_size, data):
-    max_len = 40
+    max_len = 40  # a pool of 48 slots or more holds one such request at every block size drawn (3 blocks of 16)
     trace = small_trace(data, max_len)
-    alloc = fr.make_allocator(kind, capacity, max_len, block_size)
-    res = fr.simulate(alloc, trace)
+    alloc = sim.make_allocator(kind, capacity, max_len, block_size)
+    res = sim.simulate(alloc, trace)
     parts = res.columns[:5]
     assert (parts >= 0).all()
     assert (parts.sum(axis=0) == alloc.capacity).all()
@@ -398,19 +400,19 @@ def test_simulation_conserves_the_pool_at_every_step(kind, capacity, block_size,
 @given(kind=st.sampled_from(["max-length", "first-fit", "best-fit"]), data=st.data())
 def test_skipping_quiet_steps_records_what_stepping_would(kind, data):
     trace = small_trace(data, 40)
-    fast = fr.make_allocator(kind, 200, 40)
-    slow = fr.make_allocator(kind, 200, 40)
+    fast = sim.make_allocator(kind, 200, 40)
+    slow = sim.make_allocator(kind, 200, 40)
     slow.reserves_growth = False  # forces one loop iteration per step
-    a, b = fr.simulate(fast, trace), fr.simulate(slow, trace)
+    a, b = sim.simulate(fast, trace), sim.simulate(slow, trace)
     assert np.array_equal(a.columns, b.columns)
 
 
 @settings(max_examples=40, deadline=None)
-@given(kind=st.sampled_from(fr.ALLOCATOR_KINDS), data=st.data())
+@given(kind=st.sampled_from(sim.ALLOCATOR_KINDS), data=st.data())
 def test_uncontended_pool_matches_closed_form(kind, data):
     trace = small_trace(data, 40)
-    alloc = fr.make_allocator(kind, 40 * 64, 40, 4)
-    res = fr.simulate(alloc, trace)
+    alloc = sim.make_allocator(kind, 40 * 64, 40, 4)
+    res = sim.simulate(alloc, trace)
     # Nobody waits: request i runs over steps [arrival, arrival + output) with prompt + (t - arrival) tokens.
     t = np.arange(res.steps)[:, None]
     on = (trace.arrival <= t) & (t < trace.arrival + trace.output_len)
@@ -421,9 +423,9 @@ def test_uncontended_pool_matches_closed_form(kind, data):
 
 
 def test_paged_pool_preempts_the_newest_and_still_finishes_everything():
-    trace = fr.make_trace("heavy-tailed", 60, arrival_rate=None, seed=3, max_model_len=4096)
-    alloc = fr.PagedAllocator(4096, 16, 4096)
-    res = fr.simulate(alloc, trace)
+    trace = sim.make_request_trace("heavy-tailed", 60, arrival_rate=None, seed=3, max_model_len=4096)
+    alloc = sim.PagedAllocator(4096, 16, 4096)
+    res = sim.simulate(alloc, trace)
     assert res.preemptions > 0 and res.finished == 60
     assert np.array_equal(res.final_len, trace.final_len)
     assert not res.external.any()
@@ -431,8 +433,8 @@ def test_paged_pool_preempts_the_newest_and_still_finishes_everything():
 
 def test_preemption_takes_the_newest_and_puts_it_back_at_the_head_of_the_queue():
     # 4 blocks of 4 slots. A and B decode side by side until A needs a 5th block at step 5.
-    trace = fr.Trace(*(np.array(x) for x in ([0, 1, 2], [4, 4, 12], [8, 8, 2], [8, 8, 2])))
-    res = fr.simulate(fr.PagedAllocator(16, 4, 16), trace, log_events=True)
+    trace = sim.Trace(*(np.array(x) for x in ([0, 1, 2], [4, 4, 12], [8, 8, 2], [8, 8, 2])))
+    res = sim.simulate(sim.PagedAllocator(16, 4, 16), trace, log_events=True)
     assert res.events == [
         (0, "admit", 0), (1, "admit", 1),
         (5, "preempt", 1),  # the newest goes, having decoded 3 tokens
@@ -446,8 +448,8 @@ def test_preemption_takes_the_newest_and_puts_it_back_at_the_head_of_the_queue()
 
 
 def test_the_same_trace_admits_more_with_paging():
-    trace = fr.make_trace("chat", 2000, arrival_rate=20, seed=1)
-    peak = {k: int(fr.simulate(fr.make_allocator(k, SLOTS), trace, max_steps=150).running.max())
+    trace = sim.make_request_trace("chat", 2000, arrival_rate=20, seed=1)
+    peak = {k: int(sim.simulate(sim.make_allocator(k, SLOTS), trace, max_steps=150).running.max())
             for k in ("max-length", "first-fit", "paged")}
     assert peak["max-length"] == 13
     assert peak["first-fit"] == SLOTS // 612 == 700  # 612-slot extents, equal sizes: no holes left over
@@ -455,23 +457,23 @@ def test_the_same_trace_admits_more_with_paging():
 
 
 def test_heavy_tailed_first_fit_shows_external_fragmentation():
-    trace = fr.make_trace("heavy-tailed", 1500, arrival_rate=10, seed=0)
-    res = fr.simulate(fr.VariableExtentAllocator(SLOTS, MAX_LEN), trace, max_steps=600)
+    trace = sim.make_request_trace("heavy-tailed", 1500, arrival_rate=10, seed=0)
+    res = sim.simulate(sim.VariableExtentAllocator(SLOTS, MAX_LEN), trace, max_steps=600)
     assert res.external.max() > 0
     assert res.mean_fractions()["external"] > 0.01
 
 
 def test_workload_traces_are_seeded_and_describe_their_parameters():
-    a = fr.make_trace("heavy-tailed", 500, seed=7)
-    b = fr.make_trace("heavy-tailed", 500, seed=7)
-    c = fr.make_trace("heavy-tailed", 500, seed=8)
+    a = sim.make_request_trace("heavy-tailed", 500, seed=7)
+    b = sim.make_request_trace("heavy-tailed", 500, seed=7)
+    c = sim.make_request_trace("heavy-tailed", 500, seed=8)
     assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("arrival", "prompt_len", "output_len"))
     assert not np.array_equal(a.prompt_len, c.prompt_len)
     assert "lognormal(median 400, sigma 0.8)" in a.describe() and "seed 7" in a.describe()
     assert (a.output_len <= a.max_new_tokens).all() and (a.prompt_len + a.max_new_tokens <= MAX_LEN).all()
-    chat = fr.make_trace("chat", 10, arrival_rate=None)
+    chat = sim.make_request_trace("chat", 10, arrival_rate=None)
     assert set(chat.final_len.tolist()) == {612} and not chat.arrival.any()
-    long = fr.make_trace("long-context", 2000, seed=0)
+    long = sim.make_request_trace("long-context", 2000, seed=0)
     assert (long.prompt_len >= 8192).mean() == pytest.approx(0.3, abs=0.05)
 
 
@@ -479,18 +481,18 @@ def test_workload_traces_are_seeded_and_describe_their_parameters():
 def snapshot(a):
     """Everything observable about an allocator (to prove a failed call changed nothing)."""
     state = {"occ": a.occupancy(), "req": {r: a.written(r) for r in a.requests()}}
-    if isinstance(a, fr.VariableExtentAllocator):
+    if isinstance(a, sim.VariableExtentAllocator):
         state["holes"] = a.free_extents()
         state["extents"] = a.allocated_extents()
-    if isinstance(a, fr.PagedAllocator):
+    if isinstance(a, sim.PagedAllocator):
         state["blocks"] = {r: a.blocks_of(r) for r in a.requests()}
         state["free"] = a.free_block_ids()
-    if isinstance(a, fr.MaxLengthAllocator):
+    if isinstance(a, sim.MaxLengthAllocator):
         state["extents"] = {r: a.extent_of(r) for r in a.requests()}
     return copy.deepcopy(state)
 
 
-@pytest.mark.parametrize("kind", fr.ALLOCATOR_KINDS)
+@pytest.mark.parametrize("kind", sim.ALLOCATOR_KINDS)
 @pytest.mark.parametrize("call,exc,words", [
     (lambda a: a.admit("new", 100, 0), ValueError, "max_model_len = 64"),
     (lambda a: a.admit("new", 60, 10), ValueError, "60 \\+ 10 = 70"),
@@ -508,7 +510,7 @@ def snapshot(a):
     (lambda a: a.grow_all(0), ValueError, "steps must be >= 1, got 0"),
 ])
 def test_bad_calls_raise_and_change_nothing(kind, call, exc, words):
-    a = fr.make_allocator(kind, 256, 64, 4)
+    a = sim.make_allocator(kind, 256, 64, 4)
     assert a.admit("a", 5, 10) and a.admit("full", 3, 0)
     a.grow("a")
     before = snapshot(a)
@@ -519,27 +521,27 @@ def test_bad_calls_raise_and_change_nothing(kind, call, exc, words):
 
 
 @pytest.mark.parametrize("make,words", [
-    (lambda: fr.PagedAllocator(8, 16, 8), "pool of 8 slots is smaller than one block of 16"),
-    (lambda: fr.PagedAllocator(64, 16, 100), "cannot hold one max_model_len = 100"),
-    (lambda: fr.MaxLengthAllocator(100, 128), "cannot hold one max_model_len = 128"),
-    (lambda: fr.VariableExtentAllocator(100, 128), "cannot hold one max_model_len = 128"),
-    (lambda: fr.VariableExtentAllocator(100, 50, "worst-fit"), "unknown policy 'worst-fit'"),
-    (lambda: fr.PagedAllocator(64, 0, 8), "block_size must be >= 1, got 0"),
-    (lambda: fr.make_allocator("buddy", 64), "unknown allocator kind 'buddy'"),
-    (lambda: fr.make_trace("podcast"), "unknown workload 'podcast'"),
-    (lambda: fr.make_trace("chat", arrival_rate=0), "arrival_rate must be a positive number"),
-    (lambda: fr.unused_tail_slots(-5, 16), "length must be >= 1, got -5"),
-    (lambda: fr.unused_tail_slots(np.array([3, -1]), 16), "lengths must be >= 1, got -1"),
-    (lambda: fr.expected_tail_waste([1, 2], [0.5, 0.6], 16), "sum to 1"),
-    (lambda: fr.expected_tail_waste([1, 2], [1.5, -0.5], 16), ">= 0"),
-    (lambda: fr.expected_tail_waste([1, 2], [1.0], 16), "must match lengths"),
-    (lambda: fr.over_reservation_waste(700, 612), "used_tokens 700 exceeds reserved_tokens 612"),
-    (lambda: fr.largest_free_extent([(0, 10), (5, 10)], 100), r"extent \(5, 10\) overlaps"),
-    (lambda: fr.largest_free_extent([(95, 10)], 100), "leaves the pool of 100"),
-    (lambda: fr.simulate(fr.PagedAllocator(64, 16, 64), fr.Trace(*(np.array([], np.int64) for _ in range(4)))),
+    (lambda: sim.PagedAllocator(8, 16, 8), "pool of 8 slots is smaller than one block of 16"),
+    (lambda: sim.PagedAllocator(64, 16, 100), "cannot hold one max_model_len = 100"),
+    (lambda: sim.MaxLengthAllocator(100, 128), "cannot hold one max_model_len = 128"),
+    (lambda: sim.VariableExtentAllocator(100, 128), "cannot hold one max_model_len = 128"),
+    (lambda: sim.VariableExtentAllocator(100, 50, "worst-fit"), "unknown policy 'worst-fit'"),
+    (lambda: sim.PagedAllocator(64, 0, 8), "block_size must be >= 1, got 0"),
+    (lambda: sim.make_allocator("buddy", 64), "unknown allocator kind 'buddy'"),
+    (lambda: sim.make_request_trace("podcast"), "unknown workload 'podcast'"),
+    (lambda: sim.make_request_trace("chat", arrival_rate=0), "arrival_rate must be a positive number"),
+    (lambda: sim.unused_tail_slots(-5, 16), "length must be >= 1, got -5"),
+    (lambda: sim.unused_tail_slots(np.array([3, -1]), 16), "lengths must be >= 1, got -1"),
+    (lambda: sim.expected_tail_waste([1, 2], [0.5, 0.6], 16), "sum to 1"),
+    (lambda: sim.expected_tail_waste([1, 2], [1.5, -0.5], 16), ">= 0"),
+    (lambda: sim.expected_tail_waste([1, 2], [1.0], 16), "must match lengths"),
+    (lambda: sim.over_reservation_waste(700, 612), "used_tokens 700 exceeds reserved_tokens 612"),
+    (lambda: sim.largest_free_extent([(0, 10), (5, 10)], 100), r"extent \(5, 10\) overlaps"),
+    (lambda: sim.largest_free_extent([(95, 10)], 100), "leaves the pool of 100"),
+    (lambda: sim.simulate(sim.PagedAllocator(64, 16, 64), sim.Trace(*(np.array([], np.int64) for _ in range(4)))),
      "no requests"),
-    (lambda: fr.Trace([0, 1], [5, 5], [2, 3], [2, 2]), "outputs must fit max_new_tokens"),
-    (lambda: fr.Trace([0.5], [5], [2], [2]), "arrival must be a 1-D array of integers"),
+    (lambda: sim.Trace([0, 1], [5, 5], [2, 3], [2, 2]), "outputs must fit max_new_tokens"),
+    (lambda: sim.Trace([0.5], [5], [2], [2]), "arrival must be a 1-D array of integers"),
 ])
 def test_bad_construction_and_arguments_are_named(make, words):
     with pytest.raises(ValueError, match=words):
@@ -547,28 +549,28 @@ def test_bad_construction_and_arguments_are_named(make, words):
 
 
 def test_simulate_rejects_a_request_longer_than_max_model_len_before_running():
-    trace = fr.make_trace("long-context", 50, seed=0)  # prompts up to ~30k tokens
-    alloc = fr.PagedAllocator(40_000, 16, 4096)
+    trace = sim.make_request_trace("long-context", 50, seed=0)  # prompts up to ~30k tokens
+    alloc = sim.PagedAllocator(40_000, 16, 4096)
     with pytest.raises(ValueError, match="more than max_model_len = 4096"):
-        fr.simulate(alloc, trace)
+        sim.simulate(alloc, trace)
     assert alloc.num_requests == 0 and alloc.num_free_blocks == alloc.num_blocks
-    busy = fr.PagedAllocator(64, 16, 64)
+    busy = sim.PagedAllocator(64, 16, 64)
     busy.admit("x", 3)
     with pytest.raises(ValueError, match="empty allocator"):
-        fr.simulate(busy, fr.make_trace("chat", 1, max_model_len=64 * 16))
+        sim.simulate(busy, sim.make_request_trace("chat", 1, max_model_len=64 * 16))
 
 
 def test_check_names_a_broken_invariant():
-    a = fr.VariableExtentAllocator(100, 50)
+    a = sim.VariableExtentAllocator(100, 50)
     a.admit("a", 10)
     a._hole_len[10] -= 1  # corrupt: a slot vanishes
-    with pytest.raises(AssertionError, match="invariant broken"):
+    with pytest.raises(InvariantError, match="invariant broken"):
         a.check()
-    p = fr.PagedAllocator(64, 16, 64)
+    p = sim.PagedAllocator(64, 16, 64)
     p.admit("a", 20)
     p._free[p._num_free] = p.blocks_of("a")[0]  # corrupt: a block both held and free
     p._num_free += 1
-    with pytest.raises(AssertionError, match="exactly one request|held-block|parts sum"):
+    with pytest.raises(InvariantError, match="exactly one request|held-block|parts sum"):
         p.check()
 
 
@@ -585,21 +587,21 @@ COLUMN_PX = 688  # the book's column at a 1280-px window; figures draw at 100 dp
 
 
 def _small_results(block_size=16):
-    trace = fr.make_trace("heavy-tailed", 60, arrival_rate=5, seed=1)
-    return fr.run_all(trace, 40_000, 32_768, block_size=block_size, steps=40)
+    trace = sim.make_request_trace("heavy-tailed", 60, arrival_rate=5, seed=1)
+    return sim.run_all(trace, 40_000, 32_768, block_size=block_size, steps=40)
 
 
 def test_run_all_runs_every_kind_on_the_same_pool():
     results = _small_results()
     assert [r.allocator for r in results] == [
-        fr.make_allocator(k, 40_000, 32_768).name for k in fr.ALLOCATOR_KINDS]
+        sim.make_allocator(k, 40_000, 32_768).name for k in sim.ALLOCATOR_KINDS]
     assert all(r.capacity == 40_000 and r.steps == 40 for r in results)
     assert any(r.finished or r.running.max() for r in results)
 
 
 def test_composition_figure_is_a_grid_that_fits_the_column():
     results = _small_results()
-    fig = fr.plot_composition(results, "t")
+    fig = fv.plot_composition(results, "t")
     try:
         assert fig.get_size_inches()[0] * 100 <= COLUMN_PX
         panels = [ax for ax in fig.axes if ax.axison]
@@ -608,21 +610,21 @@ def test_composition_figure_is_a_grid_that_fits_the_column():
         assert len(rows) == 2  # five panels in two rows, not one wide strip
         legend = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
         texts = [t.get_text() for t in legend[0].get_texts()]
-        assert set(texts) == set(fr.PART_LABELS.values())
+        assert set(texts) == set(fv.PART_LABELS.values())
     finally:
         plt.close(fig)
 
 
 def test_other_figures_fit_the_column():
     results = _small_results()
-    trace = fr.make_trace("chat", 50, seed=0)
-    figs = [fr.plot_tail_residues({"chat": trace}, 16),
-            fr.plot_concurrency(results, {"w": [1, 2, 3, 4, 5]}, [(13, "13")]),
-            fr.plot_block_size_sweep([1, 16], [0, 1], [0, 2], [0, 1])]
+    trace = sim.make_request_trace("chat", 50, seed=0)
+    figs = [fv.plot_tail_residues({"chat": trace}, 16),
+            fv.plot_concurrency(results, {"w": [1, 2, 3, 4, 5]}, [(13, "13")]),
+            fv.plot_block_size_sweep([1, 16], [0, 1], [0, 2], [0, 1])]
     fig, ax = plt.subplots(figsize=(6.8, 1.5))
-    ff = fr.VariableExtentAllocator(100, 100)
+    ff = sim.VariableExtentAllocator(100, 100)
     ff.admit("a", 30)
-    fr.draw_extents(ff, ax, "t")
+    fv.draw_extents(ff, ax, "t")
     assert [t.get_text() for t in ax.texts] == ["a: 30", "hole 70"]
     figs.append(fig)
     for f in figs:
@@ -632,7 +634,7 @@ def test_other_figures_fit_the_column():
 
 def test_composition_table_is_narrow_and_names_every_allocator():
     results = _small_results()
-    text = fr.composition_table(results)
+    text = fv.composition_table(results)
     lines = text.splitlines()
     assert max(map(len, lines)) <= 79 and len(lines) == 1 + len(results)
     for r, line in zip(results, lines[1:]):
@@ -643,18 +645,18 @@ def test_composition_table_is_narrow_and_names_every_allocator():
 
 def test_steady_running_is_the_mean_of_the_second_half():
     r = _small_results()[3]
-    assert fr.steady_running(r) == pytest.approx(r.running[20:].mean())
+    assert sim.steady_running(r) == pytest.approx(r.running[20:].mean())
 
 
 def test_composition_html_is_static():
-    html = fr.composition_html(_small_results(), "a <title>")
+    html = fv.composition_html(_small_results(), "a <title>")
     assert "data:image/png;base64," in html and "<script" not in html and "http" not in html
     assert "a &lt;title&gt;" in html and "variable-extent first-fit" in html
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None, reason="needs ipywidgets")
 def test_explorer_reruns_on_change_and_offers_a_static_rendering():
-    ex = fr.FragmentationExplorer(40_000, 32_768, num_requests=40, steps=20)
+    ex = fv.FragmentationExplorer(40_000, 32_768, num_requests=40, steps=20)
     first = ex.view.value
     assert "heavy-tailed, block_size 16" in first
     ex.block.value = 64

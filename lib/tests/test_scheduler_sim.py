@@ -8,15 +8,9 @@ import random
 
 import pytest
 
-from pagedkv.sim.scheduler_sim import (
-    InvariantError,
-    PagedKV,
-    SchedulerSim,
-    SimRequest,
-    demo_scheduler,
-    format_pool,
-    tail_waste,
-)
+from pagedkv.common import InvariantError
+from pagedkv.sim.paged_kv import PagedKV, format_pool, tail_waste
+from pagedkv.sim.scheduler_sim import SchedulerSim, SchedulerSimResult, SimRequest, demo_scheduler
 
 
 def snapshot(pool: PagedKV):
@@ -362,6 +356,7 @@ def test_tail_waste_counts_shared_pages_once():
 # ---------------------------------------------------------- scheduler model
 def test_demo_shows_what_each_mechanism_protects_against(capsys):
     results = demo_scheduler(verbose=True)
+    assert all(isinstance(r, SchedulerSimResult) for r in results.values())
     safe, early, optimistic = results.values()
     assert safe.out_of_memory == []
     assert early.out_of_memory, "returning credits at termination must hand out pinned pages"

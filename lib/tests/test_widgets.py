@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from pagedkv.views import widgets
 from pagedkv.block_pool import BlockPool
-from pagedkv.views.widgets import (
+from pagedkv.views import pool_view, table_view
+from pagedkv.views import (
     COLORS,
     BlockOwners,
     BlockPoolView,
@@ -212,7 +212,7 @@ def test_pool_view_subscribes_only_when_displayed_and_throttles():
     assert pool._listeners == [] and view.redraws == 0  # undisplayed: free
     bundle = view._repr_mimebundle_()
     assert bundle["text/html"] == render_pool(pool)
-    if widgets._ipywidgets is not None:
+    if pool_view._ipywidgets is not None:
         assert "application/vnd.jupyter.widget-view+json" in bundle
         assert view.widget.value == bundle["text/html"]
     assert view.redraws == 1 and len(pool._listeners) == 1
@@ -239,23 +239,46 @@ def test_block_table_view_updates_and_carries_static_html():
     view.update()
     bundle = view._repr_mimebundle_()
     assert ">B</th>" in bundle["text/html"]
-    if widgets._ipywidgets is not None:
+    if table_view._ipywidgets is not None:
         assert view.widget.value == bundle["text/html"]
     view.update({"C": [4]})
     assert ">C</th>" in view.static_html() and ">A</th>" not in view.static_html()
 
 
-def test_views_work_without_ipywidgets(monkeypatch):
+def _load_without_ipywidgets(monkeypatch, module):
+    """A fresh copy of ``module`` imported while ``import ipywidgets`` fails."""
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now fails
-    spec = importlib.util.spec_from_file_location("pagedkv.views._widgets_without_ipywidgets", widgets.__file__)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    assert module._ipywidgets is None
+    name = f"pagedkv.views._{module.__name__.rsplit('.', 1)[1]}_without_ipywidgets"
+    spec = importlib.util.spec_from_file_location(name, module.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, copy)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def test_views_work_without_ipywidgets(monkeypatch):
+    pools, tables = (_load_without_ipywidgets(monkeypatch, m) for m in (pool_view, table_view))
+    assert pools._ipywidgets is None and tables._ipywidgets is None
     pool = BlockPool(4)
-    view = module.BlockPoolView(pool)
+    view = pools.BlockPoolView(pool)
     bundle = view._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"} and "<svg" in bundle["text/html"]
-    table = module.BlockTableView({"A": [1]})
+    table = tables.BlockTableView({"A": [1]})
     assert set(table._repr_mimebundle_()) == {"text/plain", "text/html"}
     view.close()
+
+
+def test_the_player_script_ships_as_a_file_and_is_emitted_without_its_header():
+    from importlib.resources import files
+
+    from pagedkv.views.replay import player_script
+
+    source = files("pagedkv.views").joinpath("replay.js").read_text(encoding="utf-8")
+    assert source.startswith("/*") and "__REPLAY_ID__" in source
+    script = player_script("pkv-replay-9-0123456789")
+    assert "getElementById('pkv-replay-9-0123456789')" in script and "__REPLAY_ID__" not in script
+    assert "/*" not in script and "*/" not in script  # the header is documentation, not shipped to the page
+    page = replay_html([Frame("only", "<svg/>")])
+    dom_id = re.search(r"id='(pkv-replay-[^']+)'", page).group(1)
+    assert page.endswith(f"<script>{player_script(dom_id)}</script>")
+    assert source.rstrip("\n").endswith(script.split("pkv-replay-9-0123456789", 1)[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.views import widgets
+from pagedkv import views
 from tools.site_check import _event_problems, pages_of, run
 from pagedkv.block_pool import BlockPool
 
@@ -50,12 +50,12 @@ def by_kind(result) -> dict[str, list[str]]:
 def test_a_broken_page_fails_with_the_page_and_the_reason(tmp_path):
     pool = BlockPool(12)
     pool.get_new_blocks(3)
-    good_replay = widgets.replay_html([widgets.Frame("start", widgets.render_pool(pool)),
-                                       widgets.Frame("next", widgets.render_pool(pool))])
+    good_replay = views.replay_html([views.Frame("start", views.render_pool(pool)),
+                                       views.Frame("next", views.render_pool(pool))])
     dead_replay = good_replay.replace("r.querySelector('.pkv-next').onclick", "r.querySelector('.pkv-none')")
     site = write_site(tmp_path / "site", {
         "good.html": "<p>fine</p><div class='cell'><div class='cell_output'><pre>short line</pre></div></div>"
-                     + widgets.render_pool(pool) + widgets.render_block_table({"A": [1, 2, 3]}) + good_replay,
+                     + views.render_pool(pool) + views.render_block_table({"A": [1, 2, 3]}) + good_replay,
         "broken/page.html": (
             "<div class='cell'><div class='cell_output'><pre style='overflow:auto'>" + "x" * 200 + "</pre></div></div>"
             "<table><tr><td style='white-space:nowrap'>" + "wide " * 60 + "</td></tr></table>"
@@ -96,12 +96,12 @@ def test_the_sites_stylesheet_wraps_outputs_scales_views_and_colours_the_marks(t
     pool = BlockPool(40)
     for _ in range(5):
         pool.get_new_blocks(3)
-    wide_pool = widgets.render_pool(pool, columns=20)  # 1,176 px drawn: must scale into the column
+    wide_pool = views.render_pool(pool, columns=20)  # 1,176 px drawn: must scale into the column
     rows = {f"req-{i}": list(range(100 + i * 40, 100 + i * 40 + 40)) for i in range(3)}
     body = ("<div class='bd-content'>"
             "<div class='cell'><div class='cell_output'><div class='output stream highlight-myst-ansi'>"
             "<div class='highlight'><pre>" + "\u2705 a checker line that runs on " * 8 + "\n\u274c hint</pre>"
-            "</div></div>" + wide_pool + widgets.render_block_table(rows, title="wide") + "</div></div>"
+            "</div></div>" + wide_pool + views.render_block_table(rows, title="wide") + "</div></div>"
             "<table><tr><td><code class='literal'><span class='pre'>" + "a_long_identifier." * 12
             + "</span></code></td></tr></table></div>")
     # The theme's font variables, as pydata-sphinx-theme declares and uses them.
@@ -214,7 +214,7 @@ class Sanitized(html.parser.HTMLParser):
 
 def _scenario_pool():
     pool = BlockPool(12)
-    owners = widgets.BlockOwners(pool)
+    owners = views.BlockOwners(pool)
     with owners.acting_for("A"):
         a = pool.get_new_blocks(3)
     with owners.acting_for("B"):
@@ -226,7 +226,7 @@ def _scenario_pool():
 
 def test_pool_picture_reads_in_an_untrusted_notebook():
     pool, owners = _scenario_pool()
-    page = widgets.render_pool(pool, owners, title="demo", highlight=[4])
+    page = views.render_pool(pool, owners, title="demo", highlight=[4])
     kept = Sanitized.of(page)
     assert "<svg" not in "".join(kept.out)  # what JupyterLab strips
     shown = " ".join(kept.visible)
@@ -242,13 +242,13 @@ def test_pool_picture_reads_in_an_untrusted_notebook():
     twin = "".join(kept.out)
     assert twin.count("<span title='block ") == 12
     assert re.search(r"<span title='block 4: in use by B[^']*' style='[^']*box-shadow:0 0 0 2px "
-                     + widgets.COLORS["highlight"], twin)
+                     + views.COLORS["highlight"], twin)
 
 
 def test_replay_in_an_untrusted_notebook_shows_every_frame_stacked_and_no_dead_controls():
     pool, owners = _scenario_pool()
-    frames = [widgets.Frame(f"caption {i}", widgets.render_pool(pool, owners, title=f"frame {i}")) for i in range(4)]
-    page = widgets.replay_html(frames, title="trace")
+    frames = [views.Frame(f"caption {i}", views.render_pool(pool, owners, title=f"frame {i}")) for i in range(4)]
+    page = views.replay_html(frames, title="trace")
     kept = Sanitized.of(page)
     shown = " ".join(kept.visible)
     assert "<script" not in "".join(kept.out) and "<style" not in "".join(kept.out)
@@ -263,7 +263,7 @@ def test_replay_in_an_untrusted_notebook_shows_every_frame_stacked_and_no_dead_c
 
 def test_block_table_is_plain_html_and_fits_the_column_in_bands():
     rows = {f"req-{i}": list(range(1000 + 40 * i, 1040 + 40 * i)) for i in range(3)}
-    page = widgets.render_block_table(rows, title="t", max_columns=32)
+    page = views.render_block_table(rows, title="t", max_columns=32)
     assert "<svg" not in page and "<script" not in page
     assert set(re.findall(r"<(\w+)", page)) <= JUPYTERLAB_TAGS  # JupyterLab keeps all of it
     bands = re.findall(r"<table.*?</table>", page)
@@ -271,5 +271,5 @@ def test_block_table_is_plain_html_and_fits_the_column_in_bands():
     assert [int(h) for band in heads for h in band] == list(range(32))  # every column once, in order
     assert len(bands) >= 2 and all(len(h) <= 16 for h in heads)
     assert page.count("\u2026 +8") == 3  # the cut-off count, in the last band only
-    empty = widgets.render_block_table({})
+    empty = views.render_block_table({})
     assert "no requests hold blocks" in empty and "<td" in empty

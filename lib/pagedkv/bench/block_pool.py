@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 
 from pagedkv.block_pool import BlockPool
-from pagedkv.sim.deque_pool import DequeBlockPool, blocks_moved_per_second, make_trace, removal_cost, replay_trace
+from pagedkv.sim.deque_pool import (DequeBlockPool, blocks_moved_per_second, make_alloc_free_trace, removal_cost,
+                                    replay_trace)
 
 __all__ = ["main"]
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.blocks, args.ops, args.repeats = 2_000, 20_000, 1
 
-    trace = make_trace(args.blocks, args.ops)
+    trace = make_alloc_free_trace(args.blocks, args.ops)
     moved = replay_trace(BlockPool(args.blocks), trace)
     print(f"trace: {args.ops:,} operations on a {args.blocks:,}-block pool, {moved:,} blocks moved")
     print(f"best of {args.repeats} interleaved rounds, CPU time of this process")

@@ -201,7 +201,7 @@ def seed_experiment_on_gpu(say=print) -> dict | None:
 
 def view_cost(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, batch: int, say=print) -> dict:
     """A live view's cost: the time its redraws took as a fraction of the run, and step times with and without."""
-    from pagedkv.views.widgets import BlockPoolView, BlockTableView
+    from pagedkv.views import BlockPoolView, BlockTableView
 
     def run(with_views: bool) -> tuple[float, float, int]:
         engine = LLMEngine(args, model)

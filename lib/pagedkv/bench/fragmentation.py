@@ -16,7 +16,7 @@ import argparse
 import time
 
 from pagedkv import budget
-from pagedkv.sim import fragmentation as fr
+from pagedkv import sim
 
 
 def reference_pool_slots() -> int:
@@ -28,21 +28,21 @@ def reference_pool_slots() -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedkv.bench fragmentation")
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--workload", default="chat", choices=sorted(fr.WORKLOADS))
+    parser.add_argument("--workload", default="chat", choices=sorted(sim.WORKLOADS))
     parser.add_argument("--arrival-rate", type=float, default=8.0, help="requests per step (Poisson)")
-    parser.add_argument("--kinds", default=",".join(fr.ALLOCATOR_KINDS),
-                        help="comma-separated allocator kinds: " + ", ".join(fr.ALLOCATOR_KINDS))
+    parser.add_argument("--kinds", default=",".join(sim.ALLOCATOR_KINDS),
+                        help="comma-separated allocator kinds: " + ", ".join(sim.ALLOCATOR_KINDS))
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     for k in kinds:
-        if k not in fr.ALLOCATOR_KINDS:
-            parser.error(f"unknown allocator kind {k!r}; choose from {', '.join(fr.ALLOCATOR_KINDS)}")
+        if k not in sim.ALLOCATOR_KINDS:
+            parser.error(f"unknown allocator kind {k!r}; choose from {', '.join(sim.ALLOCATOR_KINDS)}")
 
     slots = reference_pool_slots()
     t0 = time.perf_counter()
-    trace = fr.make_trace(args.workload, args.requests, arrival_rate=args.arrival_rate, seed=args.seed)
+    trace = sim.make_request_trace(args.workload, args.requests, arrival_rate=args.arrival_rate, seed=args.seed)
     gen_s = time.perf_counter() - t0
     print(trace.describe())
     print(f"pool: {slots:,} token slots; trace generated in {gen_s * 1e3:.1f} ms "
@@ -50,9 +50,9 @@ def main(argv: list[str]) -> int:
     print(f"{'allocator':28s} {'steps':>9s} {'peak running':>12s} {'seconds':>8s} {'sim requests/s':>15s} {'steps/s':>10s}")
     rates: dict[str, float] = {}
     for kind in kinds:
-        alloc = fr.make_allocator(kind, slots, block_size=args.block_size)
+        alloc = sim.make_allocator(kind, slots, block_size=args.block_size)
         t0 = time.perf_counter()
-        res = fr.simulate(alloc, trace)
+        res = sim.simulate(alloc, trace)
         dt = time.perf_counter() - t0
         assert res.finished == len(trace)
         alloc.check()

@@ -14,7 +14,7 @@ The learner writes three functions:
   allocator of ``capacity`` slots unable to admit one more request of ``need``
   slots although at least ``need`` slots are free.
 
-Each is compared with the library (``pagedkv.sim.fragmentation``) and with an
+Each is compared with the library (``pagedkv.sim``) and with an
 independent oracle written here (a block count for tail waste, a slot bitmap
 for free extents), on known answers and seeded random cases.
 """
@@ -27,7 +27,8 @@ import random
 
 import numpy as np
 
-from ..sim import fragmentation as fr
+from ..sim.allocators import VariableExtentAllocator
+from ..sim.tail_waste import expected_tail_waste
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
                        expect_equal, expect_int, wrong)
 
@@ -154,7 +155,7 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
 
         def unequal_four():
             probs = [0.1, 0.1, 0.7, 0.1]
-            _expect_close(fn([1, 15, 16, 17], probs, 16), fr.expected_tail_waste([1, 15, 16, 17], probs, 16),
+            _expect_close(fn([1, 15, 16, 17], probs, 16), expected_tail_waste([1, 15, 16, 17], probs, 16),
                           "lengths 1, 15, 16, 17 with probabilities 0.1, 0.1, 0.7, 0.1",
                           ([1, 15, 16, 17], probs, 16), fn)
 
@@ -178,7 +179,7 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
                 probs = [x / sum(w) for x in w]
                 B = rng.choice([1, 2, 4, 16, 32, 64, 128, 256])
                 want = _oracle_tail(lengths, probs, B)
-                assert math.isclose(want, fr.expected_tail_waste(lengths, probs, B), abs_tol=1e-9)  # checker sanity
+                assert math.isclose(want, expected_tail_waste(lengths, probs, B), abs_tol=1e-9)  # checker sanity
                 _expect_close(fn(lengths, probs, B), want, f"lengths {lengths}, block {B}",
                               (lengths, probs, B), fn)
 
@@ -191,9 +192,9 @@ catalogue(check_expected_tail_waste, TAIL_MISTAKES)
 
 
 # ------------------------------------------------------------------ (b) largest free extent
-def _random_first_fit_state(rng: random.Random, capacity: int) -> fr.VariableExtentAllocator:
+def _random_first_fit_state(rng: random.Random, capacity: int) -> VariableExtentAllocator:
     """A first-fit allocator after a random run of admissions and finishes (holes in odd places)."""
-    alloc = fr.VariableExtentAllocator(capacity, capacity, "first-fit")
+    alloc = VariableExtentAllocator(capacity, capacity, "first-fit")
     for i in range(rng.randint(0, 60)):
         if alloc.num_requests and rng.random() < 0.4:
             alloc.finish(rng.choice(alloc.requests()))
@@ -255,11 +256,11 @@ catalogue(check_largest_free_extent, EXTENT_MISTAKES)
 
 
 # ------------------------------------------------------------------ (b) a trace that fragments
-def _replay(ops, capacity: int) -> fr.VariableExtentAllocator:
+def _replay(ops, capacity: int) -> VariableExtentAllocator:
     """Run the learner's operations on the library's first-fit allocator; AssertionError on a malformed op."""
     if not isinstance(ops, (list, tuple)):
         raise AssertionError(f"ops: expected a list of tuples, got {type(ops).__name__}")
-    alloc = fr.VariableExtentAllocator(capacity, capacity, "first-fit")
+    alloc = VariableExtentAllocator(capacity, capacity, "first-fit")
     for i, op in enumerate(ops):
         if not isinstance(op, tuple) or not op or op[0] not in ("admit", "finish"):
             raise AssertionError(f"op {i} is {op!r}: expected ('admit', name, size) or ('finish', name)")

@@ -8,7 +8,7 @@ The learner writes the copy-on-write branch of ``PagedKV.append``:
   when no page is free.
 
 The checker plugs the function into a subclass of
-:class:`pagedkv.sim.scheduler_sim.PagedKV` (it overrides ``copy_on_write``, the one
+:class:`pagedkv.sim.paged_kv.PagedKV` (it overrides ``copy_on_write``, the one
 method ``append`` calls for that branch) and runs the chapter's cases and the
 randomized test: seeded random operations compared, after every one, with an
 independent oracle of plain Python lists, with ``check()`` after every
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 
 from ..sim.paged_kv_trial import check_after, pool_state, random_trial
-from ..sim.scheduler_sim import PagedKV
+from ..sim.paged_kv import PagedKV
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, expect_equal, expect_int
 
 __all__ = ["check_copy_on_write"]

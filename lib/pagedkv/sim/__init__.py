@@ -1,15 +1,53 @@
 """What the chapters simulate: the allocators paging replaced, workloads, the seed's allocator.
 
 None of it serves a model; each module models one idea well enough to measure
-it, and the chapters import it directly:
+it:
 
-- ``fragmentation``: contiguous, paged and token-granular allocators on
-  workloads, and the waste simulator of chapter 2;
+- ``kv_allocator``: the five states of a slot (``Occupancy``) and the
+  interface chapter 2's allocators share (``KVAllocator``);
+- ``allocators``: max-length, variable-extent (first-fit, best-fit), paged
+  and token-granular allocators;
+- ``tail_waste``: closed forms for the unused tail of a last block;
+- ``workloads``: request-length mixtures and seeded request traces;
+- ``waste_sim``: the waste simulator (``simulate``, ``run_all``);
 - ``deque_pool``: the deque-backed block pool chapter 3 races against
   ``BlockPool``;
-- ``scheduler_sim``: the seed's CPU reference allocator ``PagedKV`` (owners,
-  pins, copy-on-write) and a scheduler model (chapter 6).
+- ``paged_kv``: the seed's CPU reference allocator ``PagedKV`` (owners, pins,
+  copy-on-write), and ``paged_kv_trial``, its randomized trial;
+- ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6).
+
+Chapter 2's names load lazily at the package level
+(``from pagedkv.sim import simulate``); the drawings of the simulations live
+in ``pagedkv.views.fragmentation``. Invariant failures raise
+``pagedkv.common.InvariantError``.
 
 The rule: ``sim`` imports the core and nothing else of the package (never
 ``views``, ``checks`` or ``bench``).
 """
+
+from __future__ import annotations
+
+import importlib
+
+# name -> the module of this package that defines it
+_EXPORTS = {
+    **dict.fromkeys(["PARTS", "Occupancy", "KVAllocator"], "kv_allocator"),
+    **dict.fromkeys(["MaxLengthAllocator", "VariableExtentAllocator", "PagedAllocator", "TokenGranularAllocator",
+                     "ALLOCATOR_KINDS", "make_allocator", "largest_free_extent"], "allocators"),
+    **dict.fromkeys(["unused_tail_slots", "expected_tail_waste", "uniform_tail_waste", "over_reservation_waste"],
+                    "tail_waste"),
+    **dict.fromkeys(["Dist", "Component", "Workload", "WORKLOADS", "workload", "Trace", "make_request_trace"],
+                    "workloads"),
+    **dict.fromkeys(["WasteSimResult", "simulate", "run_all", "steady_running"], "waste_sim"),
+    **dict.fromkeys(["PagedKV", "format_pool", "TailWaste", "tail_waste"], "paged_kv"),
+    **dict.fromkeys(["SimRequest", "SchedulerSimResult", "SchedulerSim", "demo_scheduler"], "scheduler_sim"),
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'pagedkv.sim' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

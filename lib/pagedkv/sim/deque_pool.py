@@ -6,7 +6,7 @@ and freeing it can win; a prefix hit on a free cached block must take that
 block out of the middle of the queue, and ``deque.remove`` scans where the
 intrusive list unlinks in O(1).
 
-* ``make_trace``/``replay_trace``: a seeded trace of allocations (1-8 blocks,
+* ``make_alloc_free_trace``/``replay_trace``: a seeded trace of allocations (1-8 blocks,
   held) and frees (a held batch, in reverse order, as a request frees).
 * ``blocks_moved_per_second``: blocks allocated plus freed per CPU second, for
   several pools in interleaved rounds (the best round counts).
@@ -27,7 +27,7 @@ from ..block_pool import KVCacheBlock
 
 __all__ = [
     "DequeBlockPool",
-    "make_trace",
+    "make_alloc_free_trace",
     "replay_trace",
     "blocks_moved_per_second",
     "removal_cost",
@@ -80,7 +80,7 @@ class DequeBlockPool:
             block.ref_cnt += 1
 
 
-def make_trace(num_gpu_blocks: int = 20_000, num_ops: int = 200_000, seed: int = 0) -> list[int]:
+def make_alloc_free_trace(num_gpu_blocks: int = 20_000, num_ops: int = 200_000, seed: int = 0) -> list[int]:
     """A replayable trace: ``n > 0`` allocates a batch of n blocks; ``~i`` frees held batch i.
 
     Freeing swaps the last held batch into slot i (so indices stay dense); the

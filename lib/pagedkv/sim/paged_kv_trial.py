@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import random
 
-from .scheduler_sim import PagedKV
+from ..common import InvariantError
+from .paged_kv import PagedKV
 
 __all__ = ["random_trial", "pool_state", "check_after"]
 
@@ -27,14 +28,14 @@ def check_after(pool: PagedKV, when: str) -> None:
     """``pool.check()``, its failure prefixed with ``when`` (the seed and the operation)."""
     try:
         pool.check()
-    except AssertionError as exc:
-        raise AssertionError(f"{when}: {exc}") from None
+    except AssertionError as exc:  # InvariantError, or a learner's own assert in an override
+        raise InvariantError(f"{when}: {exc}") from None
 
 
 def random_trial(cls: type, seed: int, n_ops: int) -> None:
     """One seeded run of create/append/fork/pin/unpin/release against a list oracle.
 
-    Raises ``AssertionError`` naming the seed, the operation and what differed;
+    Raises ``InvariantError`` naming the seed, the operation and what differed;
     returns quietly when every read matched, ``check()`` held after every
     operation and no pinned page changed.
     """
@@ -79,16 +80,22 @@ def random_trial(cls: type, seed: int, n_ops: int) -> None:
                 del seqs[rid]
         except MemoryError:
             if not was_full:
-                raise AssertionError(f"{where}: MemoryError although {len(before[1])} pages were free") from None
+                raise InvariantError(f"{where}: MemoryError although {len(before[1])} pages were free") from None
             if pool_state(pool) != before:
-                raise AssertionError(f"{where}: MemoryError, but the pool changed; allocate before changing anything") from None
+                raise InvariantError(f"{where}: MemoryError, but the pool changed; allocate before changing anything") from None
         check_after(pool, where)
-        for rid, tokens in seqs.items():
-            got = pool.read(rid)
-            if got != tokens:
-                raise AssertionError(f"{where}: read({rid!r}) = {got}, expected {tokens}")
-        for handle, pages in frozen.items():
-            for page, contents in pages.items():
-                if pool.pages.get(page) != contents:
-                    raise AssertionError(f"{where}: page {page}, pinned by {handle!r}, changed from {contents} "
-                                         f"to {pool.pages.get(page)}")
+        _check_contents(pool, seqs, frozen, where)
+
+
+def _check_contents(pool: PagedKV, seqs: dict[str, list[int]], frozen: dict[str, dict[int, list[int]]],
+                    where: str) -> None:
+    """Every request reads back what the oracle holds, and no pinned page changed."""
+    for rid, tokens in seqs.items():
+        got = pool.read(rid)
+        if got != tokens:
+            raise InvariantError(f"{where}: read({rid!r}) = {got}, expected {tokens}")
+    for handle, pages in frozen.items():
+        for page, contents in pages.items():
+            if pool.pages.get(page) != contents:
+                raise InvariantError(f"{where}: page {page}, pinned by {handle!r}, changed from {contents} "
+                                     f"to {pool.pages.get(page)}")

@@ -1,5 +1,18 @@
 """Everything the book draws: live views, their static renderings, the trace replay, figures.
 
+One concept per module:
+
+- ``style``: colours, the owner palette, the shared SVG cell;
+- ``owners``: ``BlockOwners``, who holds which block;
+- ``pool_picture`` / ``block_table_picture``: the static renderings
+  (``render_pool``, ``render_block_table``), deterministic HTML;
+- ``pool_view`` / ``table_view``: the live JupyterLab views, and
+  ``following``, how they keep up with an engine (throttled);
+- ``trace`` / ``replay`` (+ ``replay.js``): ``TraceRecorder`` and its player;
+  ``engine_trace``: the same recorder on an engine's steps;
+- ``figures``, ``calculator``: matplotlib figures and the budget calculator;
+- ``fragmentation``: chapter 2's plots and its ipywidgets explorer.
+
 The views sit on top of the core and only watch it: a ``BlockPoolView``
 subscribes to a ``BlockPool``'s events, an ``EngineTrace`` is an engine step
 listener. Nothing in the core imports this package.
@@ -14,14 +27,21 @@ import importlib
 
 # name -> the module of this package that defines it
 _EXPORTS = {
-    **dict.fromkeys(
-        ["COLORS", "owner_color", "BlockCell", "describe_blocks", "render_pool", "render_block_table",
-         "BlockOwners", "BlockPoolView", "BlockTableView", "Frame", "TraceRecorder", "Replay",
-         "replay_html", "describe_event"], "widgets"),
+    **dict.fromkeys(["COLORS", "owner_color"], "style"),
+    **dict.fromkeys(["BlockOwners"], "owners"),
+    **dict.fromkeys(["BlockCell", "describe_blocks", "render_pool"], "pool_picture"),
+    "render_block_table": "block_table_picture",
+    "BlockPoolView": "pool_view",
+    "BlockTableView": "table_view",
+    **dict.fromkeys(["TraceRecorder", "describe_event"], "trace"),
+    **dict.fromkeys(["Frame", "Replay", "replay_html"], "replay"),
+    "EngineTrace": "engine_trace",
     **dict.fromkeys(["allocation_layout", "block_table_figure", "pool_history_figure", "pool_snapshot"],
                     "figures"),
     **dict.fromkeys(["BudgetCalculator", "plot_budget"], "calculator"),
-    "EngineTrace": "engine_trace",
+    **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
+                     "plot_composition", "composition_table", "plot_concurrency",
+                     "plot_block_size_sweep", "composition_html", "FragmentationExplorer"], "fragmentation"),
 }
 
 

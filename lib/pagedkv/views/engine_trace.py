@@ -2,53 +2,51 @@
 
 One frame per step: the step's decisions as the caption (``SchedulerOutput.summary``),
 then the block pool (owners are the running requests) and the worker's block
-table. Frames are ``pagedkv.views.Frame``s, so ``replay()`` is the same
-player the pool chapters use (inline SVG and a few lines of JavaScript, no network).
+table. It is ``TraceRecorder`` listening to the engine's steps (an engine step
+listener) instead of the pool's events, so ``replay()`` is the same player the
+pool chapters use. The engine knows nothing of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from .block_table_picture import render_block_table
+from .pool_picture import render_pool
+from .trace import TraceRecorder
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .widgets import Frame, Replay
     from ..engine import LLMEngine
 
 __all__ = ["EngineTrace"]
 
 
-class EngineTrace:
-    """Records ``max_frames`` steps of an engine (later steps are counted in ``dropped``)."""
+class EngineTrace(TraceRecorder):
+    """Records ``max_frames`` steps of an engine (later steps are counted in ``dropped``).
+
+    ``with EngineTrace(engine, title="request A") as trace: engine.step()``;
+    or ``start()``/``stop()`` across cells; then ``trace.replay()``.
+    """
 
     def __init__(self, engine: "LLMEngine", max_frames: int = 200, title: str | None = None,
                  max_table_columns: int = 16) -> None:
+        manager = engine.kv_cache_manager
+        super().__init__(manager.block_pool, owners=lambda: dict(manager.req_to_blocks), title=title,
+                         max_frames=max_frames)
         self.engine = engine
-        self.max_frames = max_frames
-        self.title = title
         self.max_table_columns = max_table_columns
-        self.frames: list[Frame] = []
-        self.dropped = 0
-        self._unsubscribe = None
 
-    def _render(self) -> str:
-        from .widgets import render_block_table, render_pool
-
-        e = self.engine
-        owners = {rid: blocks for rid, blocks in e.kv_cache_manager.req_to_blocks.items()}
-        pool = render_pool(e.kv_cache_manager.block_pool, owners, self.title)
-        rows = e.worker.rows()
-        table = (render_block_table(rows, e.kv_cache_manager.block_pool, "block table (worker rows)",
-                                    self.max_table_columns) if rows else "")
+    def _render(self, highlight: Iterable[int] = ()) -> str:
+        """The pool (owners: the requests holding blocks) and, under it, the worker's block table."""
+        pool = render_pool(self.pool, self.owners, self.title, highlight=highlight)
+        rows = self.engine.worker.rows()
+        table = (render_block_table(rows, self.pool, "block table (worker rows)", self.max_table_columns)
+                 if rows else "")
         return pool + table
 
-    def snapshot(self, caption: str) -> None:
-        """Add a frame of the engine as it is now."""
-        from .widgets import Frame
-
-        if len(self.frames) >= self.max_frames:
-            self.dropped += 1
-            return
-        self.frames.append(Frame(caption, self._render()))
+    def _listen(self) -> Callable[[], None]:
+        return self.engine.add_step_listener(self._on_step)
 
     def _on_step(self, engine, out, outputs) -> None:
         caption = out.summary().split(": ", 1)[1]  # the replay numbers the steps itself
@@ -56,33 +54,3 @@ class EngineTrace:
         if done:
             caption += f"; finished {', '.join(done)}"
         self.snapshot(caption)
-
-    def start(self) -> "EngineTrace":
-        if self._unsubscribe is None:
-            self.snapshot("start")
-            self._unsubscribe = self.engine.add_step_listener(self._on_step)
-        return self
-
-    def stop(self) -> "EngineTrace":
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        return self
-
-    def __enter__(self) -> "EngineTrace":
-        return self.start()
-
-    def __exit__(self, *exc) -> bool:
-        self.stop()
-        return False
-
-    def captions(self) -> list[str]:
-        return [f.caption for f in self.frames]
-
-    def replay(self, title: str | None = None) -> "Replay":
-        from .widgets import Replay
-
-        return Replay(list(self.frames), title or self.title)
-
-    def __len__(self) -> int:
-        return len(self.frames)

@@ -8,7 +8,7 @@ book's 688-pixel column; text is 8-9 pt.
 - ``block_table_figure``: a worker-side ``BlockTable`` as a grid of block ids
   (chapter 4);
 - ``pool_snapshot`` and ``pool_history_figure``: the pages of a
-  ``scheduler_sim.PagedKV``, step by step, with owners and pins (chapter 6).
+  ``sim.paged_kv.PagedKV``, step by step, with owners and pins (chapter 6).
 """
 
 from __future__ import annotations
