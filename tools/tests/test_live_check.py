@@ -77,7 +77,7 @@ def test_only_the_first_view_must_change_but_every_view_must_render():
 def test_make_test_live_is_a_target_of_its_own_not_part_of_make_test():
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^\.PHONY:.*\btest-live\b", makefile, re.M)
-    assert re.search(r"^test-live:.*\n\t\$\(PY\) -m pagedkv\._live_check", makefile, re.M)
+    assert re.search(r"^test-live:.*\n\t\$\(PY\) -m tools\.live_check", makefile, re.M)
     (test_line,) = re.findall(r"^test:(.*)$", makefile, re.M)
     assert "test-live" not in test_line
 
