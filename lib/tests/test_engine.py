@@ -87,7 +87,7 @@ def test_engine_args_defaults_are_vllms_and_map_to_cli_flags():
     assert "kernel" not in cli and "None" not in cli
     table = {f: flag for f, flag, _ in a.cli_table()}
     assert table["num_gpu_blocks_override"] == "--num-gpu-blocks-override"
-    assert table["kv_cache_memory"] == "--kv-cache-memory-bytes" and table["kernel_backend"] == "-"
+    assert table["kv_cache_memory_bytes"] == "--kv-cache-memory-bytes" and table["kernel_backend"] == "-"
     assert len(table) == len(dataclasses.fields(EngineArgs))
 
 
@@ -98,7 +98,7 @@ def test_engine_args_defaults_are_vllms_and_map_to_cli_flags():
     ("gpu_memory_utilization", "0.9", TypeError), ("max_model_len", 1, ValueError),
     ("max_num_seqs", 0, ValueError), ("max_num_batched_tokens", -5, ValueError),
     ("enable_prefix_caching", 1, TypeError), ("enable_chunked_prefill", "yes", TypeError),
-    ("watermark", 1.0, ValueError), ("watermark", float("nan"), ValueError), ("kv_cache_memory", 0, ValueError),
+    ("watermark", 1.0, ValueError), ("watermark", float("nan"), ValueError), ("kv_cache_memory_bytes", 0, ValueError),
     ("prefix_match_unit", 5, ValueError), ("kernel_backend", "cuda", ValueError), ("kernel_backend", None, TypeError),
     ("seed", -1, ValueError), ("log_stats_interval", 1.5, TypeError),
 ])
@@ -163,8 +163,8 @@ def test_startup_check_is_chapter_ones_error_on_the_usable_pool():
 
 def test_pool_sizing_from_kv_cache_memory_on_cpu(model):
     spec = model_spec_of(model.config)
-    engine = LLMEngine(tiny_args(num_gpu_blocks_override=None, kv_cache_memory=3 * 2**20), model)
-    assert engine.pool.source == "kv_cache_memory"
+    engine = LLMEngine(tiny_args(num_gpu_blocks_override=None, kv_cache_memory_bytes=3 * 2**20), model)
+    assert engine.pool.source == "kv_cache_memory_bytes"
     assert engine.pool.num_blocks == budget.num_gpu_blocks(3 * 2**20, spec, 4, torch.float32) == 3 * 2**20 // (
         2 * 4 * 2 * 32 * 4 * 4)
     ids, positions, caches, meta = dummy_batch(model, EngineArgs(max_num_batched_tokens=300, max_num_seqs=4), 128)
