@@ -529,7 +529,7 @@ def test_stats_and_the_periodic_log_line(model):
     assert isinstance(s, EngineStats) and s.num_running == s.num_waiting == 0 and s.kv_cache_usage == 0.0
     assert len(lines) == s.step // 3 and s.num_preemptions > 0
     assert all(line.startswith("Engine 000 (step ") and "Avg prompt throughput:" in line
-               and "KV cache usage:" in line and "Prefix cache hit rate:" in line for line in lines)
+               and "GPU KV cache usage:" in line and "Prefix cache hit rate:" in line for line in lines)
     assert sum(int(m.group(1)) for line in lines for m in [re.search(r"Preemptions: (\d+)", line)] if m) \
         + s.num_preemptions_interval == s.num_preemptions
     assert 0 < s.prefix_cache_hit_rate < 1
