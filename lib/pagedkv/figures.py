@@ -199,7 +199,8 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
             grid_ax.text(r + 0.47, tiles - 0.55 - t, label, ha="center", va="center", fontsize=7,
                          color="white" if busy else "#555555")
     grid_ax.set(xlim=(0, len(q_lens)), ylim=(0, tiles), xlabel="program_id(0): request",
-                ylabel="program_id(2): query tile", title=title or f"grid {plan.grid} (KV head 0)")
+                ylabel="program_id(2): query tile")
+    grid_ax.set_title(title or f"grid {plan.grid} (KV head 0)", fontsize=9)
     grid_ax.set_xticks([r + 0.47 for r in range(len(q_lens))],
                        [f"{n} new / {s}" for n, s in zip(q_lens, seq_lens)], fontsize=7)
     grid_ax.set_yticks([tiles - 0.55 - t for t in range(tiles)], [str(t) for t in range(tiles)],
@@ -216,8 +217,10 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
         tile_ax.add_patch(plt.Rectangle((1.15 + j * 0.45, 0), 0.4, rows, color="#fdae61"))
         tile_ax.text(1.35 + j * 0.45, rows / 2, f"keys {j * plan.tile_n}..", rotation=90,
                      ha="center", va="center", fontsize=7)
+    shown = "" if rows == plan.block_m else f" (first {rows} shown)"
     tile_ax.set(xlim=(0, 1.15 + min(steps, 4) * 0.45), ylim=(rows, 0), xticks=[],
-                ylabel="row of the tile", title=f"one tile: {plan.block_m} rows, {plan.tile_n} keys a step")
+                ylabel=f"row of the tile{shown}")
+    tile_ax.set_title(f"one tile: {plan.block_m} rows, {plan.tile_n} keys a step", fontsize=9)
     tile_ax.tick_params(labelsize=7)
     plt.close(fig)
     return fig

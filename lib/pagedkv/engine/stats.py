@@ -118,6 +118,11 @@ class StepRecord:
         resumed: preempted request ids admitted again this step.
         prefix_hit_tokens: admitted request id -> tokens served by the prefix
             cache this step (new and resumed requests; zero hits omitted).
+        slots_held: token slots in the blocks the running requests hold
+            (a block shared by two requests counts twice).
+        tokens_held: tokens whose KV those requests have in the cache.
+            ``1 - tokens_held / slots_held`` is the internal fragmentation:
+            the unused tail of each request's last block.
     """
 
     step: int
@@ -128,6 +133,13 @@ class StepRecord:
     preempted: tuple
     resumed: tuple
     prefix_hit_tokens: dict
+    slots_held: int = 0
+    tokens_held: int = 0
+
+    @property
+    def internal_fragmentation(self) -> float:
+        """Share of the running requests' slots that hold no token (0 when none are held)."""
+        return 1 - self.tokens_held / self.slots_held if self.slots_held else 0.0
 
 
 class StepHistory:
@@ -168,12 +180,15 @@ class StepHistory:
     def __call__(self, engine, out, outputs) -> None:
         scheduler = engine.scheduler
         hits = {rid: n for rid, n in out.num_prefix_hit_tokens.items() if n}
+        manager, block_size = engine.kv_cache_manager, engine.args.block_size
+        slots = sum(len(manager.get_block_ids(r.request_id)) for r in scheduler.running) * block_size
+        tokens = sum(r.num_computed_tokens for r in scheduler.running)
         self.records.append(StepRecord(
             step=out.step, kv_cache_usage=engine.kv_cache_manager.usage,
             num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
             num_scheduled_tokens=dict(out.num_scheduled_tokens),
             preempted=tuple(out.preempted_req_ids), resumed=tuple(out.scheduled_resumed_reqs),
-            prefix_hit_tokens=hits))
+            prefix_hit_tokens=hits, slots_held=slots, tokens_held=tokens))
         if self.max_steps is not None and len(self.records) > self.max_steps:
             del self.records[0]
 
