@@ -254,13 +254,32 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
     if needed <= pool_bytes:
         return
     fits = int(pool_bytes // per_block) * block_size
-    raise ValueError(
-        f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"{needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({pool_bytes / GiB:.2f} GiB). Based on the available memory, the estimated maximum "
-        f"model length is {fits}. Try increasing `gpu_memory_utilization` or decreasing "
-        f"`max_model_len` when initializing the engine."
-    )
+    raise ValueError(startup_error_message(max_model_len, needed, pool_bytes, fits))
+
+
+def _gib(num_bytes: float) -> str:
+    # vLLM's format_gib (vllm/utils/mem_utils.py): GiB rounded to 2 places.
+    return f"{round(num_bytes / GiB, 2)}"
+
+
+def startup_error_message(max_model_len: int, needed_bytes: float, available_bytes: float,
+                          estimated_max_len: int) -> str:
+    """vLLM 0.33.0's startup error, word for word (``vllm/v1/core/kv_cache_planning.py``, lines 68-86).
+
+    The text is vLLM's, including its unbalanced parenthesis before the GiB
+    needed, so that a reader can search a real server's log for it. The
+    estimate sentence appears only when some length fits, as in vLLM.
+    """
+    estimate = ""
+    if estimated_max_len > 0:
+        estimate = ("Based on the available memory, "
+                    f"the estimated maximum model length is {estimated_max_len}. ")
+    return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({_gib(needed_bytes)} GiB KV cache is needed, which is larger than the available KV cache "
+            f"memory ({_gib(available_bytes)} GiB). {estimate}"
+            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) "
+            "or decreasing `max_model_len` when initializing the engine. "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
 
 
 @dataclass(frozen=True)

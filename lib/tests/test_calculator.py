@@ -67,16 +67,16 @@ def test_startup_check_is_applied_and_shown_in_red():
     # 4 GiB of pool: max_model_len 32768 (4 GiB) fits, 131072 does not.
     small = budget.plan(model="Llama-3.1-8B", weight_gib=14.96, non_kv_gib=54.3, max_model_len=131_072)
     msg = startup_error(small)
-    assert msg is not None and "(131072)" in msg and "16.00 GiB KV cache is needed" in msg
+    assert msg is not None and "(131072)" in msg and "(16.0 GiB KV cache is needed" in msg
     html = plan_html(small, with_figure=False)
-    assert "color:#b00020" in html and "vLLM would refuse to start" in html and "16.00 GiB" in html
+    assert "color:#b00020" in html and "vLLM would refuse to start" in html and "16.0 GiB" in html
 
 
 def test_tensor_parallel_plans_check_one_rank():
     # Llama-3-70B: two H100s leave 1.57 GiB per rank, too little for 32,768 tokens
     # at 160 KiB/token/rank (5 GiB); four leave 34.42 GiB at 80 KiB/token/rank.
     two = budget.plan(model="Llama-3-70B", tensor_parallel_size=2)
-    assert "5.00 GiB KV cache is needed" in startup_error(two)
+    assert "(5.0 GiB KV cache is needed" in startup_error(two)
     four = budget.plan(model="Llama-3-70B", tensor_parallel_size=4)
     assert startup_error(four) is None
     html = plan_html(four, with_figure=False)

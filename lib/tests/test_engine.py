@@ -88,7 +88,7 @@ def test_engine_args_defaults_are_vllms_and_map_to_cli_flags():
     assert "kernel" not in cli and "None" not in cli
     table = {f: flag for f, flag, _ in a.cli_table()}
     assert table["num_gpu_blocks_override"] == "--num-gpu-blocks-override"
-    assert table["kv_cache_memory"] == "--kv-cache-memory-bytes" and table["kernel_backend"] == "-"
+    assert table["kv_cache_memory_bytes"] == "--kv-cache-memory-bytes" and table["kernel_backend"] == "-"
     assert len(table) == len(dataclasses.fields(EngineArgs))
 
 
@@ -99,7 +99,7 @@ def test_engine_args_defaults_are_vllms_and_map_to_cli_flags():
     ("gpu_memory_utilization", "0.9", TypeError), ("max_model_len", 1, ValueError),
     ("max_num_seqs", 0, ValueError), ("max_num_batched_tokens", -5, ValueError),
     ("enable_prefix_caching", 1, TypeError), ("enable_chunked_prefill", "yes", TypeError),
-    ("watermark", 1.0, ValueError), ("watermark", float("nan"), ValueError), ("kv_cache_memory", 0, ValueError),
+    ("watermark", 1.0, ValueError), ("watermark", float("nan"), ValueError), ("kv_cache_memory_bytes", 0, ValueError),
     ("prefix_match_unit", 5, ValueError), ("kernel_backend", "cuda", ValueError), ("kernel_backend", None, TypeError),
     ("seed", -1, ValueError), ("log_stats_interval", 1.5, TypeError),
 ])
@@ -164,8 +164,8 @@ def test_startup_check_is_chapter_ones_error_on_the_usable_pool():
 
 def test_pool_sizing_from_kv_cache_memory_on_cpu(model):
     spec = model_spec_of(model.config)
-    engine = LLMEngine(tiny_args(num_gpu_blocks_override=None, kv_cache_memory=3 * 2**20), model)
-    assert engine.pool.source == "kv_cache_memory"
+    engine = LLMEngine(tiny_args(num_gpu_blocks_override=None, kv_cache_memory_bytes=3 * 2**20), model)
+    assert engine.pool.source == "kv_cache_memory_bytes"
     assert engine.pool.num_blocks == budget.num_gpu_blocks(3 * 2**20, spec, 4, torch.float32) == 3 * 2**20 // (
         2 * 4 * 2 * 32 * 4 * 4)
     ids, positions, caches, meta = dummy_batch(model, EngineArgs(max_num_batched_tokens=300, max_num_seqs=4), 128)
@@ -530,7 +530,7 @@ def test_stats_and_the_periodic_log_line(model):
     assert isinstance(s, EngineStats) and s.num_running == s.num_waiting == 0 and s.kv_cache_usage == 0.0
     assert len(lines) == s.step // 3 and s.num_preemptions > 0
     assert all(line.startswith("Engine 000 (step ") and "Avg prompt throughput:" in line
-               and "KV cache usage:" in line and "Prefix cache hit rate:" in line for line in lines)
+               and "GPU KV cache usage:" in line and "Prefix cache hit rate:" in line for line in lines)
     assert sum(int(m.group(1)) for line in lines for m in [re.search(r"Preemptions: (\d+)", line)] if m) \
         + s.num_preemptions_interval == s.num_preemptions
     assert 0 < s.prefix_cache_hit_rate < 1

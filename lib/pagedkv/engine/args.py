@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .._device import on_gpu
 
-__all__ = ["EngineArgs", "KERNEL_BACKENDS", "CLI_FLAGS"]
+__all__ = ["EngineArgs", "KERNEL_BACKENDS", "CLI_FLAGS", "VLLM_GPU_CLASSES", "vllm_default_limits"]
 
 GiB = 2**30
 
@@ -37,7 +37,7 @@ CLI_FLAGS: dict[str, str | None] = {
     "enable_prefix_caching": "--enable-prefix-caching",
     "enable_chunked_prefill": "--enable-chunked-prefill",
     "watermark": "--watermark",
-    "kv_cache_memory": "--kv-cache-memory-bytes",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "prefix_match_unit": "--prefix-match-unit",
     "kernel_backend": None,
     "seed": "--seed",
@@ -47,8 +47,42 @@ CLI_FLAGS: dict[str, str | None] = {
 _NOTES = {
     "kernel_backend": "ours: vLLM picks an attention backend itself (--attention-backend)",
     "log_stats_interval": "ours, in steps: vLLM logs every VLLM_LOG_STATS_INTERVAL seconds",
-    "kv_cache_memory": "None: profile on a GPU, 1 GiB on a CPU",
+    "kv_cache_memory_bytes": "None: profile on a GPU, 1 GiB on a CPU",
 }
+
+
+#: GPU classes vLLM 0.33.0 picks its scheduler defaults by
+#: (``EngineArgs.get_batch_defaults`` in
+#: ``vllm/engine/arg_utils.py``, lines 2940-3006): by total device memory,
+#: with the A100 (and the GB10) kept in the small class.
+VLLM_GPU_CLASSES = ("other", "H100/H200", ">=160 GiB")
+
+# (entry point, GPU class) -> (max_num_seqs, max_num_batched_tokens)
+_VLLM_LIMITS = {
+    ("LLM", "other"): (256, 8192), ("serve", "other"): (256, 2048),
+    ("LLM", "H100/H200"): (1024, 16384), ("serve", "H100/H200"): (1024, 8192),
+    ("LLM", ">=160 GiB"): (1024, 16384), ("serve", ">=160 GiB"): (1024, 16384),
+}
+
+
+def vllm_default_limits(entry: str, gpu_class: str = "other") -> tuple[int, int]:
+    """vLLM 0.33.0's default ``(max_num_seqs, max_num_batched_tokens)``.
+
+    Args:
+        entry: ``"LLM"`` (the offline class) or ``"serve"`` (``vllm serve``,
+            the OpenAI-compatible server).
+        gpu_class: one of ``VLLM_GPU_CLASSES``: ``"other"`` (below 70 GiB,
+            or an A100), ``"H100/H200"`` (70 GiB or more), ``">=160 GiB"``
+            (B200/B300).
+
+    ``SchedulerConfig`` on its own says 128 and 2,048; the engine arguments
+    replace both with these before the config is built.
+    """
+    if entry not in ("LLM", "serve"):
+        raise ValueError(f"entry must be 'LLM' or 'serve', got {entry!r}")
+    if gpu_class not in VLLM_GPU_CLASSES:
+        raise ValueError(f"gpu_class must be one of {VLLM_GPU_CLASSES}, got {gpu_class!r}")
+    return _VLLM_LIMITS[(entry, gpu_class)]
 
 
 def _int(name: str, value, minimum: int, *, optional: bool = False) -> None:
@@ -77,7 +111,12 @@ def _bool(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class EngineArgs:
-    """The engine's configuration, with ``vllm serve``'s names and defaults where it has them.
+    """The engine's configuration, with ``vllm serve``'s names and vLLM's defaults where it has them.
+
+    ``max_num_seqs`` 256 and ``max_num_batched_tokens`` 8,192 are vLLM
+    0.33.0's defaults for its offline ``LLM`` class on a GPU below the
+    H100/H200 class; ``vllm serve`` uses other numbers (see
+    ``vllm_default_limits``).
 
     Attributes:
         block_size: tokens per KV block.
@@ -93,8 +132,8 @@ class EngineArgs:
         enable_chunked_prefill: split long prompts across steps; off, a prompt
             that does not fit the step's remaining budget waits.
         watermark: fraction of the pool an admission must leave free.
-        kv_cache_memory: KV pool bytes (vLLM's ``kv_cache_memory_bytes``);
-            None: profile the GPU, or 1 GiB on a CPU.
+        kv_cache_memory_bytes: KV pool bytes; None: profile the GPU, or
+            1 GiB on a CPU.
         prefix_match_unit: prefix-match granularity in tokens, a divisor of
             ``block_size`` (None: ``block_size``). Finer units make hits end
             inside a block, which the engine serves by copy-on-write.
@@ -113,7 +152,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     watermark: float = 0.0  # vLLM 0.33.0: SchedulerConfig.watermark defaults to 0.0 (off)
-    kv_cache_memory: int | None = None
+    kv_cache_memory_bytes: int | None = None
     prefix_match_unit: int | None = None
     kernel_backend: str = "auto"
     seed: int = 0
@@ -129,7 +168,7 @@ class EngineArgs:
         _bool("enable_prefix_caching", self.enable_prefix_caching)
         _bool("enable_chunked_prefill", self.enable_chunked_prefill)
         _fraction("watermark", self.watermark, 0, 1, lo_open=False, hi_open=True)
-        _int("kv_cache_memory", self.kv_cache_memory, 1, optional=True)
+        _int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, optional=True)
         _int("prefix_match_unit", self.prefix_match_unit, 1, optional=True)
         if self.prefix_match_unit is not None and self.block_size % self.prefix_match_unit:
             raise ValueError(f"EngineArgs.prefix_match_unit={self.prefix_match_unit} must divide "

@@ -3,7 +3,7 @@
 Three ways to size the pool, in vLLM's order of precedence:
 
 1. ``num_gpu_blocks_override``: that many blocks, the null block included.
-2. ``kv_cache_memory`` bytes (vLLM's ``kv_cache_memory_bytes``), or on a
+2. ``kv_cache_memory_bytes`` (the flag ``--kv-cache-memory-bytes``), or on a
    machine without a GPU 1 GiB, divided into blocks as ``pagedkv.budget``
    does (page bytes per layer, then layers: two floors).
 3. On a GPU, profiling, as vLLM 0.33.0's worker does: the instance's budget
@@ -51,7 +51,7 @@ class PoolSize:
     num_blocks: int  # including the null block
     block_size: int
     block_bytes: int  # one block across all layers
-    source: str  # "override" | "kv_cache_memory" | "cpu default" | "profiled"
+    source: str  # "override" | "kv_cache_memory_bytes" | "cpu default" | "profiled"
     pool_bytes: float  # what the source offered (override: num_blocks x block_bytes)
 
     @property
@@ -123,9 +123,9 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
     if args.num_gpu_blocks_override is not None:
         n = args.num_gpu_blocks_override
         return PoolSize(n, B, block_bytes, "override", float(n * block_bytes))
-    if args.kv_cache_memory is not None or model.device.type != "cuda":
-        pool = args.kv_cache_memory if args.kv_cache_memory is not None else CPU_KV_CACHE_MEMORY
-        source = "kv_cache_memory" if args.kv_cache_memory is not None else "cpu default"
+    if args.kv_cache_memory_bytes is not None or model.device.type != "cuda":
+        pool = args.kv_cache_memory_bytes if args.kv_cache_memory_bytes is not None else CPU_KV_CACHE_MEMORY
+        source = "kv_cache_memory_bytes" if args.kv_cache_memory_bytes is not None else "cpu default"
     else:
         torch.cuda.synchronize(model.device)
         torch.cuda.empty_cache()
@@ -150,7 +150,18 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
 
 
 def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
-    """Chapter 1's startup error if one ``max_model_len`` request cannot fit the usable pool."""
+    """Chapter 1's startup error if one ``max_model_len`` request cannot fit the usable pool.
+
+    The message is vLLM 0.33.0's, word for word; a second line of ours says
+    in blocks what it said in GiB.
+    """
     usable_bytes = pool.num_usable_blocks * pool.block_bytes
-    budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
-                                        pool.block_size, model.dtype)
+    try:
+        budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
+                                            pool.block_size, model.dtype)
+    except ValueError as error:
+        needed = -(-max_model_len // pool.block_size)
+        raise ValueError(
+            f"{error}\n(pagedkv: one {max_model_len}-token request needs {needed:,} blocks of "
+            f"{pool.block_size} tokens; the pool has {pool.num_usable_blocks:,} usable blocks "
+            "besides the null block.)") from None

@@ -14,7 +14,10 @@ it:
   ``BlockPool``;
 - ``paged_kv``: the seed's CPU reference allocator ``PagedKV`` (owners, pins,
   copy-on-write), and ``paged_kv_trial``, its randomized trial;
-- ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6).
+- ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6);
+- ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by
+  the real manager, block table and slot mapping, ready for one attention
+  launch.
 
 Chapter 2's names load lazily at the package level
 (``from pagedkv.sim import simulate``); the drawings of the simulations live

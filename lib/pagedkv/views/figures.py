@@ -8,7 +8,11 @@ book's 688-pixel column; text is 8-9 pt.
 - ``block_table_figure``: a worker-side ``BlockTable`` as a grid of block ids
   (chapter 4);
 - ``pool_snapshot`` and ``pool_history_figure``: the pages of a
-  ``sim.paged_kv.PagedKV``, step by step, with owners and pins (chapter 6).
+  ``sim.paged_kv.PagedKV``, step by step, with owners and pins (chapter 6);
+- ``attention_grid_figure``: the paged-attention launch grid and its tiles
+  (chapter 7);
+- ``kv_usage_figure``: KV usage over engine steps with preemptions and
+  resumes marked, from one or more ``engine.stats.StepHistory`` (chapter 8).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from ..common import cdiv
 
-__all__ = ["allocation_layout", "block_table_figure", "pool_history_figure",
-           "pool_snapshot"]
+__all__ = ["allocation_layout", "attention_grid_figure", "block_table_figure",
+           "kv_usage_figure", "pool_history_figure", "pool_snapshot"]
 
 _EMPTY = "#eeeeee"
 
@@ -166,3 +170,97 @@ def allocation_layout(comp: int, new_comp: int, new: int, lookahead: int,
     lines.append(f"  (one character = {per_char} token{'s' * (per_char > 1)};"
                  f" {total} tokens -> {num_blocks} blocks of {block_size})")
     return "\n".join(lines)
+
+
+def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
+                          group: int, title: str = "") -> Figure:
+    """One KV head's slice of a paged-attention launch, and one tile's rows.
+
+    Left: the programs of ``plan`` (an ``AttentionPlan``) for KV head 0, one
+    column per request (``program_id(0)``), one row per query tile
+    (``program_id(2)``, splits folded in). A program whose tile holds some
+    of its request's new tokens is blue and says which; one past them is
+    grey (it returns at once). Right: the rows of one query tile, query
+    token ``r // group`` times query head ``r % group``, and the keys it
+    walks in steps of ``plan.tile_n``, ending at its request's ``seq_len``.
+    """
+    if len(q_lens) != len(seq_lens) or len(q_lens) != plan.grid[0]:
+        raise ValueError(f"q_lens and seq_lens must have one entry per request of the plan "
+                         f"({plan.grid[0]}), got {len(q_lens)} and {len(seq_lens)}")
+    fig, (grid_ax, tile_ax) = plt.subplots(1, 2, figsize=(6.8, 3.0), width_ratios=[1.25, 1],
+                                           constrained_layout=True)
+    tiles = plan.num_q_tiles
+    for r, n in enumerate(q_lens):
+        for t in range(tiles):
+            lo = t * plan.block_q
+            busy = lo < n
+            grid_ax.add_patch(plt.Rectangle((r, tiles - 1 - t), 0.94, 0.9,
+                                            color="#2c7fb8" if busy else _EMPTY))
+            label = f"tokens {lo}..{min(n, lo + plan.block_q) - 1}" if busy else "returns"
+            grid_ax.text(r + 0.47, tiles - 0.55 - t, label, ha="center", va="center", fontsize=7,
+                         color="white" if busy else "#555555")
+    grid_ax.set(xlim=(0, len(q_lens)), ylim=(0, tiles), xlabel="program_id(0): request",
+                ylabel="program_id(2): query tile")
+    grid_ax.set_title(title or f"grid {plan.grid} (KV head 0)", fontsize=9)
+    grid_ax.set_xticks([r + 0.47 for r in range(len(q_lens))],
+                       [f"{n} new / {s}" for n, s in zip(q_lens, seq_lens)], fontsize=7)
+    grid_ax.set_yticks([tiles - 0.55 - t for t in range(tiles)], [str(t) for t in range(tiles)],
+                       fontsize=7)
+    rows = min(plan.block_m, 16)
+    cells = np.array([[r // group, r % group] for r in range(rows)])
+    tile_ax.imshow(cells[:, :1], aspect="auto", cmap="Blues", vmin=-1, vmax=cells[:, 0].max() + 1,
+                   extent=(0, 1, rows, 0))
+    for r in range(rows):
+        tile_ax.text(0.5, r + 0.5, f"token {cells[r, 0]}, head {cells[r, 1]}", ha="center",
+                     va="center", fontsize=6.5)
+    steps = max(1, -(-max(seq_lens) // plan.tile_n))
+    for j in range(min(steps, 4)):
+        tile_ax.add_patch(plt.Rectangle((1.15 + j * 0.45, 0), 0.4, rows, color="#fdae61"))
+        tile_ax.text(1.35 + j * 0.45, rows / 2, f"keys {j * plan.tile_n}..", rotation=90,
+                     ha="center", va="center", fontsize=7)
+    shown = "" if rows == plan.block_m else f" (first {rows} shown)"
+    tile_ax.set(xlim=(0, 1.15 + min(steps, 4) * 0.45), ylim=(rows, 0), xticks=[],
+                ylabel=f"row of the tile{shown}")
+    tile_ax.set_title(f"one tile: {plan.block_m} rows, {plan.tile_n} keys a step", fontsize=9)
+    tile_ax.tick_params(labelsize=7)
+    plt.close(fig)
+    return fig
+
+
+def kv_usage_figure(history, labels: Sequence[str] | None = None, title: str = "KV cache usage",
+                    mark: bool = True) -> Figure:
+    """KV usage (%) against engine step, one line per run, preemptions and resumes marked.
+
+    Args:
+        history: a ``pagedkv.engine.stats.StepHistory``, or a sequence of them
+            (one line each: a sweep over concurrency, block sizes, ...).
+        labels: one legend label per history (default ``run 1``, ``run 2``, ...).
+        title: the axes title.
+        mark: mark the first preemption (red triangle) and the first resume
+            (green circle) of each run, with the step number beside it.
+    """
+    runs = [history] if hasattr(history, "records") else list(history)
+    if not runs:
+        raise ValueError("history must hold at least one StepHistory, got an empty sequence")
+    labels = list(labels) if labels is not None else [f"run {i + 1}" for i in range(len(runs))]
+    if len(labels) != len(runs):
+        raise ValueError(f"labels must have one entry per history ({len(runs)}), got {len(labels)}")
+    fig, ax = plt.subplots(figsize=(6.8, 3.0), constrained_layout=True)
+    for run, label in zip(runs, labels):
+        line, = ax.plot(run.steps, [u * 100 for u in run.usage], label=label, lw=1.2)
+        if not mark:
+            continue
+        usage = dict(zip(run.steps, run.usage))
+        for kind, marker, colour in (("preempted", "v", "#d7191c"), ("resumed", "o", "#1a9641")):
+            first = run.first(kind)
+            if first is not None:
+                step, rid = first
+                ax.plot([step], [usage[step] * 100], marker, color=colour, ms=7)
+                ax.annotate(f"{kind} {rid} (step {step})", (step, usage[step] * 100),
+                            textcoords="offset points", xytext=(4, -12 if kind == "resumed" else 4),
+                            fontsize=7, color=colour)
+    ax.set(xlabel="engine step", ylabel="KV cache usage (%)", ylim=(0, 108), title=title)
+    ax.legend(fontsize=7, ncol=min(len(runs), 4), loc="lower right")
+    ax.grid(alpha=0.3)
+    plt.close(fig)
+    return fig
