@@ -13,11 +13,10 @@ configuration next to a real server's.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 
 from .._device import on_gpu
+from ..common import check_bool, check_int, check_real
 
 __all__ = ["EngineArgs", "KERNEL_BACKENDS", "CLI_FLAGS", "VLLM_GPU_CLASSES", "vllm_default_limits"]
 
@@ -85,28 +84,7 @@ def vllm_default_limits(entry: str, gpu_class: str = "other") -> tuple[int, int]
     return _VLLM_LIMITS[(entry, gpu_class)]
 
 
-def _int(name: str, value, minimum: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        kind = "an int or None" if optional else "an int"
-        raise TypeError(f"EngineArgs.{name} must be {kind}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"EngineArgs.{name} must be >= {minimum}, got {value}")
 
-
-def _fraction(name: str, value, lo: float, hi: float, *, lo_open: bool, hi_open: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"EngineArgs.{name} must be a number, got {type(value).__name__} {value!r}")
-    ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        raise ValueError(f"EngineArgs.{name} must be in {interval}, got {value!r}")
-
-
-def _bool(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"EngineArgs.{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -159,17 +137,22 @@ class EngineArgs:
     log_stats_interval: int = 0
 
     def __post_init__(self) -> None:
-        _int("block_size", self.block_size, 1)
-        _int("num_gpu_blocks_override", self.num_gpu_blocks_override, 2, optional=True)
-        _fraction("gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, lo_open=True, hi_open=False)
-        _int("max_model_len", self.max_model_len, 2, optional=True)
-        _int("max_num_seqs", self.max_num_seqs, 1)
-        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _bool("enable_prefix_caching", self.enable_prefix_caching)
-        _bool("enable_chunked_prefill", self.enable_chunked_prefill)
-        _fraction("watermark", self.watermark, 0, 1, lo_open=False, hi_open=True)
-        _int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, optional=True)
-        _int("prefix_match_unit", self.prefix_match_unit, 1, optional=True)
+        check_int(self.block_size, "EngineArgs.block_size", 1)
+        if self.num_gpu_blocks_override is not None:
+            check_int(self.num_gpu_blocks_override, "EngineArgs.num_gpu_blocks_override", 2)
+        check_real(self.gpu_memory_utilization, "EngineArgs.gpu_memory_utilization", minimum=0, maximum=1,
+                   open_min=True)
+        if self.max_model_len is not None:
+            check_int(self.max_model_len, "EngineArgs.max_model_len", 2)
+        check_int(self.max_num_seqs, "EngineArgs.max_num_seqs", 1)
+        check_int(self.max_num_batched_tokens, "EngineArgs.max_num_batched_tokens", 1)
+        check_bool(self.enable_prefix_caching, "EngineArgs.enable_prefix_caching")
+        check_bool(self.enable_chunked_prefill, "EngineArgs.enable_chunked_prefill")
+        check_real(self.watermark, "EngineArgs.watermark", minimum=0, maximum=1, open_max=True)
+        if self.kv_cache_memory_bytes is not None:
+            check_int(self.kv_cache_memory_bytes, "EngineArgs.kv_cache_memory_bytes", 1)
+        if self.prefix_match_unit is not None:
+            check_int(self.prefix_match_unit, "EngineArgs.prefix_match_unit", 1)
         if self.prefix_match_unit is not None and self.block_size % self.prefix_match_unit:
             raise ValueError(f"EngineArgs.prefix_match_unit={self.prefix_match_unit} must divide "
                              f"block_size={self.block_size}")
@@ -179,8 +162,8 @@ class EngineArgs:
         if self.kernel_backend not in KERNEL_BACKENDS:
             raise ValueError(f"EngineArgs.kernel_backend must be one of {', '.join(KERNEL_BACKENDS)}, "
                              f"got {self.kernel_backend!r}")
-        _int("seed", self.seed, 0)
-        _int("log_stats_interval", self.log_stats_interval, 0)
+        check_int(self.seed, "EngineArgs.seed", 0)
+        check_int(self.log_stats_interval, "EngineArgs.log_stats_interval", 0)
         # vLLM's scheduler-config checks (SchedulerConfig.verify_max_model_len).
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
