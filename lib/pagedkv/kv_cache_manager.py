@@ -66,7 +66,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .block_pool import BlockPool, KVCacheBlock
+from .block_pool import BlockPool
+from .free_queue import KVCacheBlock
 from .common import InvariantError, cdiv, check_int
 from .hashing import BlockHash, hash_block_tokens
 

@@ -1,4 +1,4 @@
-"""BlockPool, FreeKVCacheBlockQueue, KVCacheBlock: scenarios, bad input, and a state machine.
+"""BlockPool (block_pool), FreeKVCacheBlockQueue and KVCacheBlock (free_queue): scenarios, bad input, and a state machine.
 
 The state machine drives the pool the way a KV-cache manager does (prefix
 lookups, hits, allocation, caching of full blocks, freeing in reverse, cache
@@ -15,14 +15,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pagedkv.block_pool import (
-    BlockPool,
-    FreeKVCacheBlockQueue,
-    InvariantError,
-    KVCacheBlock,
-    ListenerWarning,
-    PoolEvent,
-)
+from pagedkv.block_pool import BlockPool
+from pagedkv.common import InvariantError
+from pagedkv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from pagedkv.pool_events import ListenerWarning, PoolEvent
 from pagedkv.hashing import hash_request_tokens
 
 H = [bytes([i]) * 32 for i in range(16)]  # distinct stand-in hashes for scenarios

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pagedkv import checks
-from pagedkv.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from pagedkv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def verdicts(report):

@@ -28,7 +28,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from ..block_pool import BlockPool, KVCacheBlock
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager, Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 

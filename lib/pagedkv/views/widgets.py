@@ -81,7 +81,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..block_pool import BlockPool, KVCacheBlock, PoolEvent
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
+from ..pool_events import PoolEvent
 from ..hashing import short_hash
 from ..common import cdiv
 
