@@ -322,6 +322,43 @@ class PagedTokenToKVPoolAllocator:
         Returns None, changing nothing, when the free pages do not cover all requests.
         """
         ps = self.page_size
+        prefix, seq, last = self._check_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+
+        # Pages each request needs beyond those its prefix already touches.
+        num_new_pages = (seq + ps - 1) // ps - (prefix + ps - 1) // ps
+        if int(num_new_pages.sum()) > len(self.free_pages):
+            return None
+        new_pages = self._take_pages(int(num_new_pages.sum()))
+
+        offsets = torch.arange(ps)
+        out, next_page = [], 0
+        for i in range(prefix.numel()):
+            p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
+            prefix_page_end = cdiv(p, ps) * ps  # first position past the prefix's last page
+            # Case 1: the rest of the prefix's partial last page.
+            n1 = min(s, prefix_page_end) - p
+            if n1 > 0:
+                out.append(loc + 1 + offsets[:n1])
+            # Case 2: whole new pages.
+            n_full = max(s // ps - prefix_page_end // ps, 0)
+            if n_full:
+                pages = new_pages[next_page : next_page + n_full]
+                out.append((pages[:, None] * ps + offsets).reshape(-1))
+                next_page += n_full
+            # Case 3: a partial final page, when the sequence ends inside a page of its own.
+            n3 = s % ps if s > prefix_page_end else 0
+            if n3:
+                out.append(new_pages[next_page] * ps + offsets[:n3])
+                next_page += 1
+        if next_page != new_pages.numel():  # the page count above and the cases disagree: our bug
+            _fail("every page taken is placed", f"{next_page} of {new_pages.numel()} placed")
+        result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+        return result.to(self.device)
+
+    def _check_extend(self, prefix_lens, seq_lens, last_loc,
+                      extend_num_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``alloc_extend``'s arguments as int64 tensors, refused (nothing changed) unless consistent."""
+        ps = self.page_size
         prefix = _index_tensor(prefix_lens, "prefix_lens")
         seq = _index_tensor(seq_lens, "seq_lens")
         last = _index_tensor(last_loc, "last_loc")
@@ -356,37 +393,7 @@ class PagedTokenToKVPoolAllocator:
         extend = seq - prefix
         if extend_num_tokens is not None and check_int(extend_num_tokens, "extend_num_tokens", 0) != int(extend.sum()):
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens) = {int(extend.sum())}")
-
-        # Pages each request needs beyond those its prefix already touches.
-        num_new_pages = (seq + ps - 1) // ps - (prefix + ps - 1) // ps
-        if int(num_new_pages.sum()) > len(self.free_pages):
-            return None
-        new_pages = self._take_pages(int(num_new_pages.sum()))
-
-        offsets = torch.arange(ps)
-        out, next_page = [], 0
-        for i in range(prefix.numel()):
-            p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
-            prefix_page_end = cdiv(p, ps) * ps  # first position past the prefix's last page
-            # Case 1: the rest of the prefix's partial last page.
-            n1 = min(s, prefix_page_end) - p
-            if n1 > 0:
-                out.append(loc + 1 + offsets[:n1])
-            # Case 2: whole new pages.
-            n_full = max(s // ps - prefix_page_end // ps, 0)
-            if n_full:
-                pages = new_pages[next_page : next_page + n_full]
-                out.append((pages[:, None] * ps + offsets).reshape(-1))
-                next_page += n_full
-            # Case 3: a partial final page, when the sequence ends inside a page of its own.
-            n3 = s % ps if s > prefix_page_end else 0
-            if n3:
-                out.append(new_pages[next_page] * ps + offsets[:n3])
-                next_page += 1
-        if next_page != new_pages.numel():  # the page count above and the cases disagree: our bug
-            _fail("every page taken is placed", f"{next_page} of {new_pages.numel()} placed")
-        result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
-        return result.to(self.device)
+        return prefix, seq, last
 
     def alloc_decode(self, seq_lens, last_loc) -> torch.Tensor | None:
         """One slot per request for its next token; ``seq_lens`` already counts that token.
