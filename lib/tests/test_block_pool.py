@@ -413,6 +413,41 @@ def test_queue_bad_input_raises_and_changes_nothing():
         q.popleft()
 
 
+def test_a_refused_batch_unlinks_what_it_had_linked():
+    """prepend_n/append_n check each block as they link it; a late refusal undoes the earlier links."""
+    blocks = [KVCacheBlock(i) for i in range(8)]
+    q = FreeKVCacheBlockQueue(blocks)
+    taken = q.popleft_n(5)  # 0..4 out; 5, 6, 7 queued
+
+    def state():
+        return ids(q.check()), q.num_free_blocks, [(b.prev_free_block, b.next_free_block) for b in blocks]
+
+    before = state()
+    with pytest.raises(ValueError, match="block 6 is already in the free queue"):
+        q.prepend_n([taken[0], taken[1], taken[2], blocks[6]])
+    with pytest.raises(ValueError, match="block 3 appears twice"):
+        q.append_n([taken[4], taken[3], taken[2], taken[3]])
+    with pytest.raises(TypeError, match="expected a KVCacheBlock, got str 'x'"):
+        q.append_n([taken[0], taken[1], "x"])
+    assert state() == before
+    q.prepend_n(taken[:2])
+    q.append_n(taken[2:])
+    assert ids(q.check()) == [0, 1, 5, 6, 7, 2, 3, 4]
+
+
+def test_queue_check_names_a_broken_link():
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert q.check() == blocks
+    blocks[2].prev_free_block = blocks[0]
+    with pytest.raises(InvariantError, match="invariant 'links consistent' broken: block 2.prev is not block 1"):
+        q.check()
+    blocks[2].prev_free_block = blocks[1]
+    q.num_free_blocks = 3
+    with pytest.raises(InvariantError, match="invariant 'num_free_blocks counts the queue' broken"):
+        q.check()
+
+
 def test_a_block_hash_is_set_once():
     block = KVCacheBlock(5)
     block.block_hash = H[0]
