@@ -41,6 +41,7 @@ FORBIDDEN = {
 LAYERS = [
     {"_device", "common"},
     {"budget", "hashing"},
+    {"free_queue", "pool_events"},
     {"block_pool"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},

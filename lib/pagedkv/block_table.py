@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ._device import default_device
-from .common import check_int
+from .common import InvariantError, check_int
 
 __all__ = ["BlockTable"]
 
@@ -236,20 +236,22 @@ class BlockTable:
         return self.tensor.numel() * self.tensor.element_size()
 
     def check(self) -> None:
-        """Verify the invariants in the module docstring; raise AssertionError naming the broken one."""
+        """Verify the invariants in the module docstring; raise ``InvariantError`` naming the broken one."""
         n = self.num_blocks_per_row
         if n.min() < 0 or n.max() > self.max_num_blocks_per_req:
             r = int(np.flatnonzero((n < 0) | (n > self.max_num_blocks_per_req))[0])
-            raise AssertionError(f"row length in range: row {r} has length {int(n[r])}")
+            raise InvariantError(f"invariant 'row length in range' broken: row {r} has length {int(n[r])}")
         cols = np.arange(self.max_num_blocks_per_req)
         stale = (cols[None, :] >= n[:, None]) & (self.np != 0)
         if stale.any():
             r, c = map(int, np.argwhere(stale)[0])
-            raise AssertionError(f"cells past a row's length are 0: row {r} column {c} holds {int(self.np[r, c])}")
+            raise InvariantError(f"invariant 'cells past a row's length are 0' broken: "
+                                 f"row {r} column {c} holds {int(self.np[r, c])}")
         live = (cols[None, :] < n[:, None]) & (self.np < 0)
         if live.any():
             r, c = map(int, np.argwhere(live)[0])
-            raise AssertionError(f"live block ids are >= 0: row {r} column {c} holds {int(self.np[r, c])}")
+            raise InvariantError(f"invariant 'live block ids are >= 0' broken: "
+                                 f"row {r} column {c} holds {int(self.np[r, c])}")
 
     def __repr__(self) -> str:
         return (

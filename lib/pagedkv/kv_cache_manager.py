@@ -66,14 +66,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .block_pool import BlockPool, KVCacheBlock
+from .block_pool import BlockPool
+from .free_queue import KVCacheBlock
 from .common import InvariantError, cdiv, check_int
 from .hashing import BlockHash, hash_block_tokens
 
 __all__ = ["Request", "KVCacheManager", "PrefixCacheStats", "InvariantError"]
-
-
-
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -371,34 +369,16 @@ class KVCacheManager:
         Pool listeners are notified once the whole allocation is done.
         """
         self._bind(request)
-        B, h, r = self.block_size, self.hash_block_size, self.hashes_per_block
+        B, h = self.block_size, self.hash_block_size
         num_new_tokens = check_int(num_new_tokens, "num_new_tokens", 1)
         num_new_computed_tokens = check_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
         num_lookahead_tokens = check_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
         hit = list(new_computed_blocks or [])
         rid = request.request_id
         req_blocks = self.req_to_blocks.get(rid, [])
-        if (hit or num_new_computed_tokens) and req_blocks:
-            raise ValueError(f"request {rid!r} already holds blocks; a prefix hit applies to a new request only")
-        if cdiv(num_new_computed_tokens, B) != len(hit):
-            raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not match "
-                             f"{len(hit)} new_computed_blocks of {B} tokens")
-        if not req_blocks and request.num_computed_tokens:
-            raise ValueError(f"request {rid!r} holds no blocks but says num_computed_tokens="
-                             f"{request.num_computed_tokens} (reset it to 0 after preemption)")
-        if request.num_computed_tokens > len(req_blocks) * B:
-            raise ValueError(f"request {rid!r} says num_computed_tokens={request.num_computed_tokens}, "
-                             f"more than its {len(req_blocks)} blocks hold")
-        if has_scheduled_reqs is not None and not isinstance(has_scheduled_reqs, bool):
-            raise TypeError(f"has_scheduled_reqs must be a bool or None, got "
-                            f"{type(has_scheduled_reqs).__name__} {has_scheduled_reqs!r}")
+        self._check_allocation(request, req_blocks, num_new_tokens, num_new_computed_tokens, hit,
+                               has_scheduled_reqs)
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        if num_computed + num_new_tokens > request.num_tokens:
-            raise ValueError(f"request {rid!r} has {request.num_tokens} tokens; cannot compute "
-                             f"{num_new_tokens} after {num_computed} (tokens past num_tokens would be "
-                             "speculative draft tokens, which this book leaves out)")
-        if hit:
-            self._validate_hit(request, hit, num_new_computed_tokens)
         partial_hit = bool(hit) and num_new_computed_tokens % B != 0
 
         # The capacity test: one subtraction.
@@ -432,15 +412,46 @@ class KVCacheManager:
                     self.redirect_partial_hit(self, req_blocks, len(hit) - 1, cow)
             req_blocks.extend(new_blocks[partial_hit:])
 
-            # Full blocks are cached as soon as the step that fills them is scheduled.
             if self.enable_caching:
-                num_full = min(num_computed + num_new_tokens, request.num_tokens) // B
-                if num_full > self.num_cached_block[rid]:
-                    self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
-                                                      self.num_cached_block[rid], num_full)
-                    self.num_cached_block[rid] = num_full
-                self._record_partial_entries(request)
+                self._cache_filled_blocks(request, req_blocks, num_computed + num_new_tokens)
         return new_blocks
+
+    def _check_allocation(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
+                          num_new_computed_tokens: int, hit: list[KVCacheBlock],
+                          has_scheduled_reqs: bool | None) -> None:
+        """``allocate_slots``'s argument checks beyond the plain types: raise before any change."""
+        B, rid = self.block_size, request.request_id
+        if (hit or num_new_computed_tokens) and req_blocks:
+            raise ValueError(f"request {rid!r} already holds blocks; a prefix hit applies to a new request only")
+        if cdiv(num_new_computed_tokens, B) != len(hit):
+            raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not match "
+                             f"{len(hit)} new_computed_blocks of {B} tokens")
+        if not req_blocks and request.num_computed_tokens:
+            raise ValueError(f"request {rid!r} holds no blocks but says num_computed_tokens="
+                             f"{request.num_computed_tokens} (reset it to 0 after preemption)")
+        if request.num_computed_tokens > len(req_blocks) * B:
+            raise ValueError(f"request {rid!r} says num_computed_tokens={request.num_computed_tokens}, "
+                             f"more than its {len(req_blocks)} blocks hold")
+        if has_scheduled_reqs is not None and not isinstance(has_scheduled_reqs, bool):
+            raise TypeError(f"has_scheduled_reqs must be a bool or None, got "
+                            f"{type(has_scheduled_reqs).__name__} {has_scheduled_reqs!r}")
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        if num_computed + num_new_tokens > request.num_tokens:
+            raise ValueError(f"request {rid!r} has {request.num_tokens} tokens; cannot compute "
+                             f"{num_new_tokens} after {num_computed} (tokens past num_tokens would be "
+                             "speculative draft tokens, which this book leaves out)")
+        if hit:
+            self._validate_hit(request, hit, num_new_computed_tokens)
+
+    def _cache_filled_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_done: int) -> None:
+        """Cache the blocks that ``num_done`` tokens fill, as soon as the step that fills them is scheduled."""
+        rid, r = request.request_id, self.hashes_per_block
+        num_full = min(num_done, request.num_tokens) // self.block_size
+        if num_full > self.num_cached_block[rid]:
+            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
+                                              self.num_cached_block[rid], num_full)
+            self.num_cached_block[rid] = num_full
+        self._record_partial_entries(request)
 
     def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
         """A hit must still be what ``get_computed_blocks`` would say now (nothing evicted in between)."""

@@ -34,7 +34,7 @@ import numbers
 import torch
 
 from ._device import default_device
-from .common import cdiv, check_int
+from .common import InvariantError, cdiv, check_int
 
 __all__ = ["ReqToTokenPool", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"]
 
@@ -180,34 +180,36 @@ class ReqToTokenPool:
         return self.req_to_token.numel() * self.req_to_token.element_size()
 
     def check(self) -> None:
-        """Free and allocated rows partition 1..size; row 0 is in neither."""
+        """Free and allocated rows partition 1..size; row 0 is in neither (``InvariantError`` if not)."""
         free = self.free_slots
         if len(set(free)) != len(free):
-            raise AssertionError("no row is free twice: free_slots has duplicates")
+            _fail("no row is free twice", "free_slots has duplicates")
         if set(free) & self._allocated:
-            raise AssertionError(f"a row is never both free and allocated: {sorted(set(free) & self._allocated)}")
+            _fail("a row is never both free and allocated", f"rows {sorted(set(free) & self._allocated)}")
         if set(free) | self._allocated != set(range(1, self.size + 1)):
-            raise AssertionError("free and allocated rows cover exactly 1..size (row 0 is padding)")
+            _fail("free and allocated rows cover exactly 1..size", "a row is missing, or row 0 (padding) is listed")
+
+
+def _fail(name: str, detail: str) -> None:
+    raise InvariantError(f"invariant '{name}' broken: {detail}")
 
 
 def _check_free_partition(free: torch.Tensor, allocated: torch.Tensor, n: int, unit: str) -> None:
     """The allocators' shared invariant, over units (slots or pages) 1..n; unit 0 is padding.
 
     No unit is free twice; free and allocated are disjoint and together cover
-    1..n; unit 0 is in neither. Raises AssertionError naming the broken rule.
+    1..n; unit 0 is in neither. Raises ``InvariantError`` naming the broken rule.
     """
     if free.numel() and (int(free.min()) < 1 or int(free.max()) > n):
-        raise AssertionError(f"free {unit}s lie in 1..{n}: found {free.min().item()}..{free.max().item()}")
+        _fail(f"free {unit}s lie in 1..{n}", f"found {free.min().item()}..{free.max().item()}")
     if torch.unique(free).numel() != free.numel():
-        raise AssertionError(f"no {unit} is free twice: the free list has duplicates")
+        _fail(f"no {unit} is free twice", "the free list has duplicates")
     if bool(allocated[0]):
-        raise AssertionError(f"{unit} 0 (padding) is never allocated")
+        _fail(f"{unit} 0 (padding) is never allocated", f"{unit} 0 is marked allocated")
     if bool(allocated[free].any()):
-        raise AssertionError(f"a {unit} is never both free and allocated")
+        _fail(f"a {unit} is never both free and allocated", f"{unit}s {free[allocated[free]].tolist()}")
     if free.numel() + int(allocated.sum()) != n:
-        raise AssertionError(
-            f"free and allocated cover every {unit}: {free.numel()} free + {int(allocated.sum())} allocated != {n}"
-        )
+        _fail(f"free and allocated cover every {unit}", f"{free.numel()} free + {int(allocated.sum())} allocated != {n}")
 
 
 class TokenToKVPoolAllocator:
@@ -320,6 +322,43 @@ class PagedTokenToKVPoolAllocator:
         Returns None, changing nothing, when the free pages do not cover all requests.
         """
         ps = self.page_size
+        prefix, seq, last = self._check_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+
+        # Pages each request needs beyond those its prefix already touches.
+        num_new_pages = (seq + ps - 1) // ps - (prefix + ps - 1) // ps
+        if int(num_new_pages.sum()) > len(self.free_pages):
+            return None
+        new_pages = self._take_pages(int(num_new_pages.sum()))
+
+        offsets = torch.arange(ps)
+        out, next_page = [], 0
+        for i in range(prefix.numel()):
+            p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
+            prefix_page_end = cdiv(p, ps) * ps  # first position past the prefix's last page
+            # Case 1: the rest of the prefix's partial last page.
+            n1 = min(s, prefix_page_end) - p
+            if n1 > 0:
+                out.append(loc + 1 + offsets[:n1])
+            # Case 2: whole new pages.
+            n_full = max(s // ps - prefix_page_end // ps, 0)
+            if n_full:
+                pages = new_pages[next_page : next_page + n_full]
+                out.append((pages[:, None] * ps + offsets).reshape(-1))
+                next_page += n_full
+            # Case 3: a partial final page, when the sequence ends inside a page of its own.
+            n3 = s % ps if s > prefix_page_end else 0
+            if n3:
+                out.append(new_pages[next_page] * ps + offsets[:n3])
+                next_page += 1
+        if next_page != new_pages.numel():  # the page count above and the cases disagree: our bug
+            _fail("every page taken is placed", f"{next_page} of {new_pages.numel()} placed")
+        result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+        return result.to(self.device)
+
+    def _check_extend(self, prefix_lens, seq_lens, last_loc,
+                      extend_num_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``alloc_extend``'s arguments as int64 tensors, refused (nothing changed) unless consistent."""
+        ps = self.page_size
         prefix = _index_tensor(prefix_lens, "prefix_lens")
         seq = _index_tensor(seq_lens, "seq_lens")
         last = _index_tensor(last_loc, "last_loc")
@@ -354,36 +393,7 @@ class PagedTokenToKVPoolAllocator:
         extend = seq - prefix
         if extend_num_tokens is not None and check_int(extend_num_tokens, "extend_num_tokens", 0) != int(extend.sum()):
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens) = {int(extend.sum())}")
-
-        # Pages each request needs beyond those its prefix already touches.
-        num_new_pages = (seq + ps - 1) // ps - (prefix + ps - 1) // ps
-        if int(num_new_pages.sum()) > len(self.free_pages):
-            return None
-        new_pages = self._take_pages(int(num_new_pages.sum()))
-
-        offsets = torch.arange(ps)
-        out, next_page = [], 0
-        for i in range(prefix.numel()):
-            p, s, loc = int(prefix[i]), int(seq[i]), int(last[i])
-            prefix_page_end = cdiv(p, ps) * ps  # first position past the prefix's last page
-            # Case 1: the rest of the prefix's partial last page.
-            n1 = min(s, prefix_page_end) - p
-            if n1 > 0:
-                out.append(loc + 1 + offsets[:n1])
-            # Case 2: whole new pages.
-            n_full = max(s // ps - prefix_page_end // ps, 0)
-            if n_full:
-                pages = new_pages[next_page : next_page + n_full]
-                out.append((pages[:, None] * ps + offsets).reshape(-1))
-                next_page += n_full
-            # Case 3: a partial final page, when the sequence ends inside a page of its own.
-            n3 = s % ps if s > prefix_page_end else 0
-            if n3:
-                out.append(new_pages[next_page] * ps + offsets[:n3])
-                next_page += 1
-        assert next_page == new_pages.numel(), "every page taken was placed"
-        result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
-        return result.to(self.device)
+        return prefix, seq, last
 
     def alloc_decode(self, seq_lens, last_loc) -> torch.Tensor | None:
         """One slot per request for its next token; ``seq_lens`` already counts that token.

@@ -1,4 +1,4 @@
-"""BlockPool, FreeKVCacheBlockQueue, KVCacheBlock: scenarios, bad input, and a state machine.
+"""BlockPool (block_pool), FreeKVCacheBlockQueue and KVCacheBlock (free_queue): scenarios, bad input, and a state machine.
 
 The state machine drives the pool the way a KV-cache manager does (prefix
 lookups, hits, allocation, caching of full blocks, freeing in reverse, cache
@@ -15,14 +15,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pagedkv.block_pool import (
-    BlockPool,
-    FreeKVCacheBlockQueue,
-    InvariantError,
-    KVCacheBlock,
-    ListenerWarning,
-    PoolEvent,
-)
+from pagedkv.block_pool import BlockPool
+from pagedkv.common import InvariantError
+from pagedkv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from pagedkv.pool_events import ListenerWarning, PoolEvent
 from pagedkv.hashing import hash_request_tokens
 
 H = [bytes([i]) * 32 for i in range(16)]  # distinct stand-in hashes for scenarios
@@ -415,6 +411,41 @@ def test_queue_bad_input_raises_and_changes_nothing():
     q.popleft_n(2)
     with pytest.raises(ValueError, match="No free blocks available"):
         q.popleft()
+
+
+def test_a_refused_batch_unlinks_what_it_had_linked():
+    """prepend_n/append_n check each block as they link it; a late refusal undoes the earlier links."""
+    blocks = [KVCacheBlock(i) for i in range(8)]
+    q = FreeKVCacheBlockQueue(blocks)
+    taken = q.popleft_n(5)  # 0..4 out; 5, 6, 7 queued
+
+    def state():
+        return ids(q.check()), q.num_free_blocks, [(b.prev_free_block, b.next_free_block) for b in blocks]
+
+    before = state()
+    with pytest.raises(ValueError, match="block 6 is already in the free queue"):
+        q.prepend_n([taken[0], taken[1], taken[2], blocks[6]])
+    with pytest.raises(ValueError, match="block 3 appears twice"):
+        q.append_n([taken[4], taken[3], taken[2], taken[3]])
+    with pytest.raises(TypeError, match="expected a KVCacheBlock, got str 'x'"):
+        q.append_n([taken[0], taken[1], "x"])
+    assert state() == before
+    q.prepend_n(taken[:2])
+    q.append_n(taken[2:])
+    assert ids(q.check()) == [0, 1, 5, 6, 7, 2, 3, 4]
+
+
+def test_queue_check_names_a_broken_link():
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert q.check() == blocks
+    blocks[2].prev_free_block = blocks[0]
+    with pytest.raises(InvariantError, match="invariant 'links consistent' broken: block 2.prev is not block 1"):
+        q.check()
+    blocks[2].prev_free_block = blocks[1]
+    q.num_free_blocks = 3
+    with pytest.raises(InvariantError, match="invariant 'num_free_blocks counts the queue' broken"):
+        q.check()
 
 
 def test_a_block_hash_is_set_once():

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import pagedkv
 from pagedkv.block_table import BlockTable
+from pagedkv.common import InvariantError
 
 ROWS, WIDTH, BLOCK_SIZE = 4, 6, 4
 
@@ -222,5 +223,9 @@ def test_check_names_a_broken_invariant():
     bt = BlockTable(2, 3, device="cpu")
     bt.add_row([4, 5], 0)
     bt.np[0, 2] = 9  # a stale cell past the row's length
-    with pytest.raises(AssertionError, match="cells past a row's length are 0: row 0 column 2 holds 9"):
+    with pytest.raises(InvariantError, match="invariant 'cells past a row's length are 0' broken: row 0 column 2 holds 9"):
+        bt.check()
+    bt.np[0, 2] = 0
+    bt.np[0, 1] = -3
+    with pytest.raises(InvariantError, match="invariant 'live block ids are >= 0' broken: row 0 column 1 holds -3"):
         bt.check()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from pagedkv import checks
-from pagedkv.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from pagedkv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def verdicts(report):

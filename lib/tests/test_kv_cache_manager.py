@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedkv.block_pool import InvariantError, ListenerWarning
+from pagedkv.common import InvariantError
+from pagedkv.pool_events import ListenerWarning
 from pagedkv.kv_cache_manager import KVCacheManager, PrefixCacheStats, Request
 
 

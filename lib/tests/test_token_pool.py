@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
+from pagedkv.common import InvariantError
 from pagedkv.token_pool import PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator
 
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -440,9 +441,14 @@ def test_check_names_the_broken_invariant():
     a = TokenToKVPoolAllocator(4, device="cpu")
     a.alloc(2)
     a.free_pages = torch.cat((a.free_pages, torch.tensor([3])))  # corrupt: slot 3 free twice
-    with pytest.raises(AssertionError, match="no slot is free twice"):
+    with pytest.raises(InvariantError, match="invariant 'no slot is free twice' broken"):
         a.check()
     p = PagedTokenToKVPoolAllocator(8, 4, device="cpu")
     p._allocated[1] = True  # page 1 both free and allocated
-    with pytest.raises(AssertionError, match="never both free and allocated"):
+    with pytest.raises(InvariantError, match=r"invariant 'a page is never both free and allocated' broken: pages \[1\]"):
         p.check()
+    r = ReqToTokenPool(3, 4, device="cpu")
+    r.alloc(1)
+    r.free_slots.append(2)  # corrupt: row 2 free twice
+    with pytest.raises(InvariantError, match="invariant 'no row is free twice' broken"):
+        r.check()

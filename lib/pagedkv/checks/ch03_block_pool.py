@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from ..block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+from ..free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 
 __all__ = ["check_free_block_queue"]

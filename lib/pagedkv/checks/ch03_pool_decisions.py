@@ -25,7 +25,8 @@ cases whose answer tells the common mistakes apart.
 
 from __future__ import annotations
 
-from ..block_pool import BlockPool, KVCacheBlock
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from .manager_trial import manager_trial

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..block_pool import KVCacheBlock
+from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
 

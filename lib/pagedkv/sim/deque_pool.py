@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from ..block_pool import KVCacheBlock
+from ..free_queue import KVCacheBlock
 
 __all__ = [
     "DequeBlockPool",
@@ -156,7 +156,7 @@ def removal_cost(
     Each removed block is appended back, so the queue keeps its length. The
     same random positions serve both implementations.
     """
-    from pagedkv.block_pool import FreeKVCacheBlockQueue
+    from pagedkv.free_queue import FreeKVCacheBlockQueue
 
     ours, naive = [], []
     for n in sizes:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..block_pool import BlockPool, KVCacheBlock
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
 from .style import COLORS, MONO_FONT, escape, owner_color
 
 __all__ = ["normalise_rows", "render_block_table"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 
-from ..block_pool import BlockPool, KVCacheBlock, PoolEvent
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
+from ..pool_events import PoolEvent
 
 __all__ = ["BlockOwners", "Owners", "owner_labels"]
 

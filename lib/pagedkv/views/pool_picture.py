@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..block_pool import BlockPool, KVCacheBlock
+from ..block_pool import BlockPool
+from ..free_queue import KVCacheBlock
 from ..common import cdiv
 from ..hashing import short_hash
 from .owners import Owners, owner_labels

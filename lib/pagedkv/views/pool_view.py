@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..block_pool import BlockPool, PoolEvent
+from ..block_pool import BlockPool
+from ..pool_events import PoolEvent
 from .following import EngineFollower, follow_engine, on_cell_end, stop_on_cell_end, unfollow
 from .owners import Owners
 from .pool_picture import render_pool

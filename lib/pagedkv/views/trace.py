@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 
-from ..block_pool import BlockPool, PoolEvent
+from ..block_pool import BlockPool
+from ..pool_events import PoolEvent
 from .owners import BlockOwners, Owners
 from .pool_picture import render_pool
 from .replay import Frame, Replay
