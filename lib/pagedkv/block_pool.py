@@ -35,6 +35,9 @@ Public API (stable: ``kv_cache_manager`` and the views build on it)
       cache. Blocks that already carry that hash (prefix hits) and the null
       block are skipped. ``blocks`` is one request's block list and
       ``block_hashes`` its chained hashes (``pagedkv.hashing``).
+    - ``evict_blocks(block_ids)``: the listed free blocks leave the prefix
+      cache (hash and entry dropped), staying in the free queue where they
+      are; unhashed ones are skipped, a held cached one is refused.
     - ``get_cached_block(block_hash)`` -> the block cached under that hash, or
       ``None`` (a key that is not a ``bytes`` or ``int`` hash is a
       ``TypeError``: ``3.0`` and ``True`` would otherwise find ``3`` and ``1``).
@@ -57,6 +60,8 @@ Where we are stricter than vLLM 0.33.0
   window dropped. Our tables never hold it (one full-attention group, and
   ``KVCacheManager.check()`` verifies it), so the null block reaching these
   calls can only be a caller's mistake, and an error says where.
+- ``evict_blocks`` refuses a cached block that a request holds; vLLM
+  un-caches it (see there).
 - ``cache_full_blocks`` validates its range and its blocks (see there); vLLM
   returns silently when ``num_cached_blocks >= num_full_blocks`` and asserts
   only that a newly cached block has no hash yet.
@@ -182,6 +187,44 @@ class BlockPool(EventSource):
         if not same_hash:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Take the blocks ``block_ids`` out of the prefix cache; they stay where they are.
+
+        vLLM 0.33.0's name and meaning: each listed block that carries a hash
+        loses it and its prefix-cache entry, so no later lookup can hit it; a
+        block without a hash is skipped. A free block stays in the free queue,
+        at its place. Stricter than vLLM, which also un-caches blocks that
+        requests still hold (its KV connector reports failed loads): a held
+        cached block is refused, because ``KVCacheManager`` counts a running
+        request's cached blocks and its ``check()`` requires them to keep
+        their hashes. All ids are checked first (an int, a block of this pool,
+        not held if hashed): on a bad one nothing has changed. Only the pool's
+        full-block entries go; a ``KVCacheManager``'s partial entries are its own.
+        """
+        try:  # a list, so that a bad id is refused with nothing changed
+            ids = [check_int(b, f"block_ids[{i}]", 0) for i, b in enumerate(block_ids)]
+        except TypeError:
+            if isinstance(block_ids, Iterable):
+                raise
+            raise TypeError(f"block_ids must be an iterable of block ids, got "
+                            f"{type(block_ids).__name__} {block_ids!r}") from None
+        for i, block_id in enumerate(ids):
+            if block_id >= self.num_gpu_blocks:
+                raise ValueError(f"block_ids[{i}] = {block_id} is not a block of this pool "
+                                 f"(num_gpu_blocks={self.num_gpu_blocks})")
+            block = self.blocks[block_id]
+            if block.block_hash is not None and block.ref_cnt > 0:
+                raise ValueError(f"block {block_id} is cached but held (ref_cnt {block.ref_cnt}): "
+                                 "only a free cached block can be evicted")
+        evicted = []
+        for block_id in dict.fromkeys(ids):  # each block once, in the order given
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._evict_cached_block(block)
+                evicted.append(block_id)
+        if self._listeners and evicted:
+            self._emit(PoolEvent("uncache", tuple(evicted)))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Release one reference to each block; queue those that reach zero.

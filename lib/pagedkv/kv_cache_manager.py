@@ -212,11 +212,25 @@ class KVCacheManager:
             it); exercise 6 writes one, and its checker installs it here. Also
             the public attribute of that name, which may be set later.
 
+    Public attributes (read-only but for ``redirect_partial_hit``) include
+    ``block_pool``, ``block_size``, ``req_to_blocks`` (request id -> block
+    table) and ``watermark_blocks``, ``int(watermark * num_blocks)``.
+
+    Extension points, through which exercises 3 and 6 plug in a learner's
+    functions: the class attribute ``block_pool_class``, the ``BlockPool``
+    (sub)class the pool is built from (its ``free_blocks``/``touch`` are the
+    ones the manager calls); ``release_blocks``, the step of ``free`` that
+    returns a table to the pool; ``get_computed_blocks`` and
+    ``allocate_slots``, which a subclass may override; ``redirect_partial_hit``.
+
     Request ids are the keys of every per-request table, so they must be unique
     among live requests: a *different* ``Request`` object with the id of one
     that holds blocks is refused by ``get_computed_blocks``, ``allocate_slots``
     and ``free`` (it would otherwise be handed the other request's blocks).
     """
+
+    #: The class the pool is built from (an extension point: see above).
+    block_pool_class: type[BlockPool] = BlockPool
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_block_size: int | None = None, watermark: float = 0.0,
@@ -227,7 +241,10 @@ class KVCacheManager:
             raise ValueError(f"hash_block_size={hash_block_size} must divide block_size={self.block_size}")
         if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-        self.block_pool = BlockPool(check_int(num_blocks, "num_blocks", 2), enable_caching)
+        pool_class = self.block_pool_class
+        if not (isinstance(pool_class, type) and issubclass(pool_class, BlockPool)):
+            raise TypeError(f"block_pool_class must be BlockPool or a subclass of it, got {pool_class!r}")
+        self.block_pool = pool_class(check_int(num_blocks, "num_blocks", 2), enable_caching)
         self.enable_caching = bool(enable_caching)
         self.hash_block_size = hash_block_size
         self.hashes_per_block = self.block_size // hash_block_size
@@ -568,7 +585,18 @@ class KVCacheManager:
                 self._record_partial_entries(request)
             del self.req_to_blocks[rid], self.num_cached_block[rid], self.num_partial_recorded[rid]
             del self._holders[rid]
-            self.block_pool.free_blocks(reversed(blocks))
+            self.release_blocks(blocks)
+
+    def release_blocks(self, req_blocks: list[KVCacheBlock]) -> None:
+        """Hand a freed request's block table (in table order) back to the pool, tail first.
+
+        ``free`` calls it last, once the request's entries are gone, inside
+        its ``deferred_events``. Tail first because ``free_blocks`` takes
+        blocks in eviction priority and a request's tail is the least
+        shareable part of its prefix. An extension point: a subclass may
+        override it, and must leave the pool as this one does.
+        """
+        self.block_pool.free_blocks(reversed(req_blocks))
 
     def _blocks_of(self, request_id) -> list[KVCacheBlock]:
         if not isinstance(request_id, str):

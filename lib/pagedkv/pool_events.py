@@ -47,7 +47,9 @@ class PoolEvent(NamedTuple):
       the tail of the free queue;
     - ``"touch"``: ``block_ids`` gained a reference (a prefix hit);
     - ``"cache"``: ``block_ids`` received a hash and entered the prefix cache;
-    - ``"reset"``: ``reset_prefix_cache`` cleared the hashes of ``block_ids``.
+    - ``"reset"``: ``reset_prefix_cache`` cleared the hashes of ``block_ids``;
+    - ``"uncache"``: ``evict_blocks`` took ``block_ids`` (free blocks) out of
+      the prefix cache; they stayed where they were in the free queue.
     """
 
     kind: str

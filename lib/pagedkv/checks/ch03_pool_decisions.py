@@ -13,9 +13,10 @@ The learner writes three of ``BlockPool``'s decisions, as functions of the pool:
 * ``touch(pool, blocks)``: a prefix hit; a block nobody holds leaves the free
   queue, and every block's ``ref_cnt`` rises by one.
 
-Each checker installs the learner's function on one instance of the real
-``KVCacheManager`` (its ``BlockPool``) and runs seeded random operation
-sequences -- admissions with prefix hits, prefill chunks, decode steps,
+Each checker builds one real ``KVCacheManager`` that runs the learner's
+function through the library's extension points (a ``BlockPool`` subclass as
+the manager's ``block_pool_class``; ``release_blocks`` for ``free_request``)
+and runs seeded random operation sequences -- admissions with prefix hits, prefill chunks, decode steps,
 preemptions, finished requests, copy-on-write -- beside an untouched manager,
 comparing after every operation the block tables, every ``ref_cnt``, the
 free queue in order and the cached hashes, with ``check()`` on both. A
@@ -118,27 +119,27 @@ def _diagnose_free(free_blocks, free_request) -> str | None:
     return None
 
 
-def _install_free(free_blocks, free_request=None):
-    """The learner's free_blocks on the pool; with free_request, also in free()."""
-    def install(m: KVCacheManager) -> None:
-        pool = m.block_pool
-        pool.free_blocks = lambda ordered: free_blocks(pool, ordered)
-        if free_request is None:
-            return  # the library's free calls pool.free_blocks(reversed(...))
+def _free_manager(learner_free_blocks, learner_free_request=None):
+    """A ``KVCacheManager`` class whose pool frees with the learner's ``free_blocks``.
 
-        def free(request):  # KVCacheManager.free, with the pool's part the learner's
-            rid = request.request_id
-            blocks = m.req_to_blocks.get(rid)
-            if blocks is None:
-                return
-            with pool.deferred_events():
-                m._record_partial_entries(request)
-                del m.req_to_blocks[rid], m.num_cached_block[rid]
-                del m.num_partial_recorded[rid], m._holders[rid]
-                free_request(pool, blocks)
+    Built through the library's extension points: the pool is a ``BlockPool``
+    subclass (``block_pool_class``); with ``learner_free_request``, the step of
+    ``free`` that returns a table to the pool (``release_blocks``) is the
+    learner's too. Without it, the library's ``release_blocks`` calls the
+    pool's (the learner's) ``free_blocks`` on the reversed table.
+    """
+    class LearnerPool(BlockPool):
+        def free_blocks(self, ordered_blocks):
+            learner_free_blocks(self, ordered_blocks)
 
-        m.free = free
-    return install
+    class LearnerManager(KVCacheManager):
+        block_pool_class = LearnerPool
+
+        if learner_free_request is not None:
+            def release_blocks(self, req_blocks):
+                learner_free_request(self.block_pool, req_blocks)
+
+    return LearnerManager
 
 
 def check_free_blocks(free_blocks, free_request, seeds: int = 12,
@@ -209,9 +210,9 @@ def check_free_blocks(free_blocks, free_request, seeds: int = 12,
             # Even seeds: the learner's free_blocks under the library's free;
             # odd seeds: the learner's free_request as well.
             for seed in range(seeds):
-                install = _install_free(free_blocks,
+                manager = _free_manager(free_blocks,
                                         free_request if seed % 2 else None)
-                manager_trial(install, seed, diagnose=lambda: _diagnose_free(
+                manager_trial(manager, seed, diagnose=lambda: _diagnose_free(
                     free_blocks, free_request))
 
         c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
@@ -267,6 +268,18 @@ def _diagnose_touch(touch) -> str | None:
     return None
 
 
+def _touch_manager(learner_touch):
+    """A ``KVCacheManager`` class whose pool (``block_pool_class``) touches with the learner's ``touch``."""
+    class LearnerPool(BlockPool):
+        def touch(self, blocks):
+            learner_touch(self, blocks)
+
+    class LearnerManager(KVCacheManager):
+        block_pool_class = LearnerPool
+
+    return LearnerManager
+
+
 def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
     """Check ``touch(pool, blocks)``, a prefix hit on the pool."""
     with Checker("touch", timeout=timeout) as c:
@@ -296,10 +309,9 @@ def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
                lambda: _diagnose_touch(touch))
 
         def trials():
-            def install(m):
-                m.block_pool.touch = lambda blocks: touch(m.block_pool, blocks)
             for seed in range(seeds):
-                manager_trial(install, seed, diagnose=lambda: _diagnose_touch(touch))
+                manager_trial(_touch_manager(touch), seed,
+                              diagnose=lambda: _diagnose_touch(touch))
 
         c.prop(f"{seeds} random scheduler runs with prefix hits match the "
                "library after every operation", trials,

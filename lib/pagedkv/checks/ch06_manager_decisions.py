@@ -14,13 +14,17 @@ the manager:
   copy-on-write redirect of a partial hit (installed through the manager's
   public ``redirect_partial_hit`` hook).
 
-As for chapter 3's decisions, each function is installed on one instance of
-the real ``KVCacheManager`` and random scheduler runs are compared, after
-every operation, with an untouched manager (``manager_trial``). A
+As for chapter 3's decisions, each function runs inside one real
+``KVCacheManager``, through the library's extension points (a subclass
+overriding ``get_computed_blocks`` or ``allocate_slots``; the
+``redirect_partial_hit`` argument), and random scheduler runs are compared,
+after every operation, with an untouched manager (``manager_trial``). A
 difference is diagnosed on small fixed cases.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..kv_cache_manager import KVCacheManager, Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
@@ -29,7 +33,6 @@ from ..common import cdiv
 
 __all__ = ["check_get_computed_blocks", "check_can_allocate",
            "check_redirect_partial_hit"]
-
 
 
 def _ids(blocks) -> list[int]:
@@ -87,8 +90,9 @@ def _lookup_cases():
     cases = [(_cached_manager(p), Request("same", p, hash_block_size=4)),
              (_cached_manager(p), Request("longer", p + [7], hash_block_size=4))]
     m = _cached_manager(p)
-    m.block_pool._evict_cached_block(m.block_pool.get_cached_block(
-        Request("x", p, hash_block_size=4).block_hashes[1]))  # a hole at block 1
+    hole = m.block_pool.get_cached_block(
+        Request("x", p, hash_block_size=4).block_hashes[1])
+    m.block_pool.evict_blocks([hole.block_id])  # a hole at block 1
     cases.append((m, Request("hole", p + [7], hash_block_size=4)))
     return cases
 
@@ -118,6 +122,15 @@ def _diagnose_lookup(fn) -> str | None:
                     return mistake.diagnosis()
             return None
     return None
+
+
+def _lookup_manager(learner_lookup):
+    """A ``KVCacheManager`` subclass whose ``get_computed_blocks`` is the learner's."""
+    class LearnerManager(KVCacheManager):
+        def get_computed_blocks(self, request):
+            return learner_lookup(self, request)
+
+    return LearnerManager
 
 
 def check_get_computed_blocks(fn, seeds: int = 12,
@@ -156,10 +169,8 @@ def check_get_computed_blocks(fn, seeds: int = 12,
                "do not touch: allocate_slots does that")
 
         def trials():
-            def install(m):
-                m.get_computed_blocks = lambda request: fn(m, request)
             for seed in range(seeds):
-                manager_trial(install, seed, aligned=True,
+                manager_trial(_lookup_manager(fn), seed, aligned=True,
                               diagnose=lambda: _diagnose_lookup(fn))
 
         c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
@@ -245,40 +256,42 @@ def _expect_bool(value, what):
     return value
 
 
-def _install_capacity(fn):
-    def install(m: KVCacheManager) -> None:
-        def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0,
+def _capacity_manager(learner_can_allocate):
+    """A ``KVCacheManager`` subclass whose ``allocate_slots`` asks the learner's capacity test.
+
+    It computes the test's arguments as ``allocate_slots`` does; on a yes,
+    the library allocates with ``has_scheduled_reqs=False``, which holds no
+    watermark back, so a yes the pool cannot honour shows as a refusal.
+    """
+    class LearnerManager(KVCacheManager):
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                            new_computed_blocks=None, num_lookahead_tokens=0,
                            *, has_scheduled_reqs=None):
-            B, rid = m.block_size, request.request_id
+            B, rid = self.block_size, request.request_id
             hit = list(new_computed_blocks or [])
-            req_blocks = m.req_to_blocks.get(rid, [])
+            req_blocks = self.req_to_blocks.get(rid, [])
             computed = request.num_computed_tokens + num_new_computed_tokens
             required = cdiv(computed + num_new_tokens + num_lookahead_tokens, B)
             n = max(required - len(req_blocks) - len(hit), 0)
             n += bool(hit) and num_new_computed_tokens % B != 0
             evictable = sum(1 for b in hit if b.ref_cnt == 0)
             if has_scheduled_reqs is None:
-                has_scheduled_reqs = len(m.req_to_blocks) > (rid in m.req_to_blocks)
-            free = m.get_num_free_blocks()
-            verdict = _expect_bool(fn(m, request, n, evictable, has_scheduled_reqs),
-                                   "can_allocate")
+                has_scheduled_reqs = len(self.req_to_blocks) > (rid in self.req_to_blocks)
+            free = self.get_num_free_blocks()
+            verdict = _expect_bool(learner_can_allocate(
+                self, request, n, evictable, has_scheduled_reqs), "can_allocate")
             if not verdict:
                 return None
-            saved, m.watermark_blocks = m.watermark_blocks, 0
-            try:
-                out = KVCacheManager.allocate_slots(
-                    m, request, num_new_tokens, num_new_computed_tokens, hit,
-                    num_lookahead_tokens, has_scheduled_reqs=has_scheduled_reqs)
-            finally:
-                m.watermark_blocks = saved
+            out = super().allocate_slots(
+                request, num_new_tokens, num_new_computed_tokens, hit,
+                num_lookahead_tokens, has_scheduled_reqs=False)
             if out is None:
                 raise WrongAnswer(f"can_allocate said yes to {n} new blocks and "
                                   f"{evictable} evictable hits with {free} free",
-                                  _diagnose_capacity(fn))
+                                  _diagnose_capacity(learner_can_allocate))
             return out
-        m.allocate_slots = allocate_slots
-    return install
+
+    return LearnerManager
 
 
 def check_can_allocate(fn, seeds: int = 16, timeout: float = 30.0) -> CheckReport:
@@ -305,7 +318,7 @@ def check_can_allocate(fn, seeds: int = 16, timeout: float = 30.0) -> CheckRepor
 
         def trials():
             for seed in range(seeds):
-                manager_trial(_install_capacity(fn), seed,
+                manager_trial(_capacity_manager(fn), seed,
                               diagnose=lambda: _diagnose_capacity(fn))
 
         c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
@@ -400,10 +413,10 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
                lambda: _diagnose_cow(fn))
 
         def trials():
-            def install(m):  # the manager's public copy-on-write hook
-                m.redirect_partial_hit = fn
+            # the manager's public copy-on-write hook, a constructor argument
+            manager = functools.partial(KVCacheManager, redirect_partial_hit=fn)
             for seed in range(seeds):
-                manager_trial(install, seed, aligned=False,
+                manager_trial(manager, seed, aligned=False,
                               diagnose=lambda: _diagnose_cow(fn))
 
         c.prop(f"{seeds} random scheduler runs with partial prefix hits match "

@@ -1,9 +1,10 @@
 """The randomized scheduler trial exercises 3 and 6 share.
 
-``manager_trial(install, seed)`` drives two ``KVCacheManager``s through the
-same seeded run of a scheduler's calls (admissions with prefix hits,
-growth, preemption, frees, copy acknowledgements); ``install`` puts the
-learner's code on the second one. After every operation the block tables,
+``manager_trial(make_manager, seed)`` drives two ``KVCacheManager``s through
+the same seeded run of a scheduler's calls (admissions with prefix hits,
+growth, preemption, frees, copy acknowledgements): a plain one, and the
+learner's, built by ``make_manager`` through the library's public extension
+points (a ``KVCacheManager`` subclass, or its ``redirect_partial_hit``). After every operation the block tables,
 every ``ref_cnt``, the free queue in order, the cached hashes and the
 outstanding copies must agree, and both ``check()``s pass.
 """
@@ -41,12 +42,13 @@ def _first_difference(mine: dict, lib: dict) -> str | None:
     return None
 
 
-def manager_trial(install: Callable[[KVCacheManager], None], seed: int,
+def manager_trial(make_manager: Callable[..., KVCacheManager], seed: int,
                   n_ops: int = 60, *, aligned: bool | None = None,
                   diagnose: Callable[[], str | None] = lambda: None) -> None:
     """One seeded run of a scheduler's calls on two managers, one with the learner's code.
 
-    ``install(manager)`` puts the learner's functions on the second manager.
+    ``make_manager`` builds the second manager, taking ``KVCacheManager``'s
+    arguments (a subclass, or a ``functools.partial`` of the class, will do).
     After every operation both managers' states must agree and both
     ``check()``s pass; otherwise ``WrongAnswer`` names the seed, the
     operation, the first difference, and ``diagnose()``'s verdict.
@@ -61,8 +63,7 @@ def manager_trial(install: Callable[[KVCacheManager], None], seed: int,
     num_blocks = rng.randint(10, 24)
     watermark = rng.choice([0.0, 0.1, 0.2])
     lib = KVCacheManager(num_blocks, B, True, h, watermark)
-    mine = KVCacheManager(num_blocks, B, True, h, watermark)
-    install(mine)
+    mine = make_manager(num_blocks, B, True, h, watermark)
     prefixes = [[rng.randint(1, 6) for _ in range(rng.randint(1, 4 * B))]
                 for _ in range(3)]
     running: dict[str, tuple[Request, Request]] = {}
