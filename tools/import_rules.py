@@ -41,7 +41,7 @@ FORBIDDEN = {
 LAYERS = [
     {"_device", "common"},
     {"budget", "hashing"},
-    {"free_queue", "pool_events"},
+    {"free_queue", "pool_events", "request"},
     {"block_pool"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},

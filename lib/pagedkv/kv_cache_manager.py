@@ -62,118 +62,16 @@ reuse).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .block_pool import BlockPool
 from .free_queue import KVCacheBlock
-from .common import InvariantError, cdiv, check_int
-from .hashing import BlockHash, hash_block_tokens
+from .common import InvariantError, cdiv, check_int, check_real
+from .hashing import BlockHash
+from .request import Request
 
-__all__ = ["Request", "KVCacheManager", "PrefixCacheStats", "InvariantError"]
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _check_tokens(token_ids, what: str) -> list[int]:
-    """Validate token ids as the hashes will need them: integers that fit in 64 bits."""
-    if isinstance(token_ids, (str, bytes)):
-        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} {token_ids!r}")
-    try:
-        tokens = list(token_ids)
-    except TypeError:
-        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} "
-                        f"{token_ids!r}") from None
-    for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{what}[{i}] = {t!r} is not an integer token id")
-        if not _INT64_MIN <= t <= _INT64_MAX:
-            raise ValueError(f"{what}[{i}] = {t} does not fit in 64 bits (token ids are int64)")
-    return [int(t) for t in tokens]
-
-
-class Request:
-    """A request as the scheduler tracks it: its tokens, its progress, its block hashes.
-
-    ``block_hashes`` holds one chained hash per full *hash block* of
-    ``all_token_ids`` (``hash_block_size`` tokens each) and is kept current as
-    output tokens are appended. A request created without ``hash_block_size``
-    takes its manager's unit on first contact.
-
-    ``num_computed_tokens`` counts tokens whose KV is in the cache. The
-    scheduler advances it after each step (the manager only reads it).
-    """
-
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16,
-                 *, hash_block_size: int | None = None):
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-        prompt = _check_tokens(prompt_token_ids, "prompt_token_ids")
-        if not prompt:
-            raise ValueError(f"request {request_id!r} has an empty prompt")
-        self.request_id = request_id
-        self.prompt_token_ids = prompt
-        self.max_tokens = check_int(max_tokens, "max_tokens", 1)
-        self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(prompt)
-        self.num_computed_tokens = 0
-        self.block_hashes: list[BlockHash] = []
-        self.hash_block_size: int | None = None
-        if hash_block_size is not None:
-            self.bind_hash_block_size(hash_block_size)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-    @property
-    def is_finished(self) -> bool:
-        return self.num_output_tokens >= self.max_tokens
-
-    def bind_hash_block_size(self, hash_block_size: int) -> None:
-        """Fix the prefix-match unit and compute the hashes (refused if a different unit is bound)."""
-        hash_block_size = check_int(hash_block_size, "hash_block_size", 1)
-        if self.hash_block_size is not None:
-            if self.hash_block_size != hash_block_size:
-                raise ValueError(f"request {self.request_id!r} hashes {self.hash_block_size}-token blocks, "
-                                 f"not {hash_block_size}")
-            return
-        self.hash_block_size = hash_block_size
-        self._extend_hashes()
-
-    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append sampled tokens (one int or a list); full hash blocks get their hash at once.
-
-        Every token is validated (an int that fits in 64 bits) and the count is
-        checked against ``max_tokens`` before anything is appended.
-        """
-        tokens = _check_tokens([token_ids] if isinstance(token_ids, numbers.Integral) and not isinstance(token_ids, bool)
-                               else token_ids, "token_ids")
-        if self.num_output_tokens + len(tokens) > self.max_tokens:
-            raise ValueError(f"request {self.request_id!r}: {len(tokens)} more tokens would exceed "
-                             f"max_tokens={self.max_tokens} (it has {self.num_output_tokens})")
-        self.output_token_ids.extend(tokens)
-        self.all_token_ids.extend(tokens)
-        self._extend_hashes()
-
-    def _extend_hashes(self) -> None:
-        h = self.hash_block_size
-        if h is None:
-            return
-        parent = self.block_hashes[-1] if self.block_hashes else None
-        for start in range(len(self.block_hashes) * h, self.num_tokens - h + 1, h):
-            parent = hash_block_tokens(parent, self.all_token_ids[start:start + h])
-            self.block_hashes.append(parent)
-
-    def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
-                f"num_computed_tokens={self.num_computed_tokens}, max_tokens={self.max_tokens})")
-
+__all__ = ["KVCacheManager", "PrefixCacheStats", "InvariantError"]
 
 @dataclass(frozen=True)
 class PrefixCacheStats:
@@ -239,8 +137,7 @@ class KVCacheManager:
         hash_block_size = self.block_size if hash_block_size is None else check_int(hash_block_size, "hash_block_size", 1)
         if self.block_size % hash_block_size:
             raise ValueError(f"hash_block_size={hash_block_size} must divide block_size={self.block_size}")
-        if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0.0 <= watermark < 1.0:
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+        watermark = check_real(watermark, "watermark", minimum=0, maximum=1, open_max=True)
         pool_class = self.block_pool_class
         if not (isinstance(pool_class, type) and issubclass(pool_class, BlockPool)):
             raise TypeError(f"block_pool_class must be BlockPool or a subclass of it, got {pool_class!r}")

@@ -32,7 +32,7 @@ CHECKS = Path(__file__).resolve().parents[1] / "pagedkv" / "checks"
 #: Fields of library objects that the library documents as set by its caller.
 PUBLIC_FIELDS = {
     "num_computed_tokens": "Request.num_computed_tokens: the scheduler advances it after each step "
-                           "(kv_cache_manager.Request); a trial plays the scheduler",
+                           "(pagedkv.request.Request); a trial plays the scheduler",
 }
 
 #: (module, target as written) -> why it is not a library object driven from outside.

@@ -17,7 +17,8 @@ import pytest
 
 from pagedkv.block_pool import BlockPool
 from pagedkv.checks.manager_trial import manager_trial
-from pagedkv.kv_cache_manager import KVCacheManager, Request
+from pagedkv.kv_cache_manager import KVCacheManager
+from pagedkv.request import Request
 
 
 def test_redirect_partial_hit_is_called_for_every_partial_hit_and_changes_nothing_else():

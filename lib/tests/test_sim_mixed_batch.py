@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pagedkv.kernels import dense_attention_ref, paged_attention_ref
-from pagedkv.kv_cache_manager import Request
+from pagedkv.request import Request
 from pagedkv.sim.mixed_batch import MixedBatchDriver, kernel_main_loop_source
 
 

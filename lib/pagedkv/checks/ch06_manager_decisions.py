@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import functools
 
-from ..kv_cache_manager import KVCacheManager, Request
+from ..kv_cache_manager import KVCacheManager
+from ..request import Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from .manager_trial import manager_trial
 from ..common import cdiv

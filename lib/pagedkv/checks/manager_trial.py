@@ -14,7 +14,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from ..kv_cache_manager import KVCacheManager, Request
+from ..kv_cache_manager import KVCacheManager
+from ..request import Request
 from ._harness import WrongAnswer
 
 __all__ = ["manager_trial", "block_ids"]

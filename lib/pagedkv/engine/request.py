@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
-from ..kv_cache_manager import Request
+from ..request import Request
 
 __all__ = ["RequestStatus", "EngineRequest", "RequestOutput"]
 

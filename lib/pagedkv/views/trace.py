@@ -52,6 +52,8 @@ def describe_event(event: PoolEvent, evicted: Sequence[int] = ()) -> str:
         return f"reset_prefix_cache(): {len(ids)} hashes cleared"
     if k == "evict":
         return f"evict {_ids(ids)}"
+    if k == "uncache":
+        return f"evict_blocks({_ids(ids)}): cache entries dropped, blocks stay free"
     return k
 
 
