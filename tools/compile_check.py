@@ -243,6 +243,9 @@ _VEC16 = re.compile(r"ld\.global(?:\.[a-z0-9_:]+)*\.(?:v4\.[bfu]32|v2\.[bfu]64)\
 
 def compile_case(case: Case, target: str) -> dict:
     """Compile one case for one target; return its figures (raises CompileCheckError)."""
+    if not isinstance(triton.language.standard.max, JITFunction):
+        raise RuntimeError("triton.language was imported under TRITON_INTERPRET=1 (its tl.max is the "
+                           "interpreter's): compile in a process that imports this module before pagedkv")
     cap = TARGETS[target][0]
     gpu = GPUTarget("cuda", cap, 32)
     backend = make_backend(gpu)

@@ -27,7 +27,16 @@ Split-KV (the flash-decoding idea): one decode token of one request at long
 context is a single program that walks the whole sequence while most of the
 GPU idles. With ``num_splits > 1`` each program covers one segment of the
 keys and writes its partial output and log-sum-exp; a second small kernel
-merges the segments, weighting each by ``exp(lse_i - max lse)``.
+merges the segments, weighting each by ``exp(lse_i - max lse)``. How many
+segments: enough to fill the programs the GPU holds at once (its resident
+capacity, from the compiled kernel's registers and shared memory), see
+``split_rule``.
+
+The K/V loads overlap the compute: a tile's block ids are read one iteration
+ahead, so the compiler keeps two K/V tiles in flight (``tools/compile_check.py``
+counts the buffers in the compiled loop). Tiles, warps and pipeline stages
+depend on dtype and head_dim (``_tile_config``) so that every configuration
+fits the shared memory of an A100 and an H200.
 
 Versions: compiled, the kernel needs triton >= 3.6. Interpreted, Triton 3.6
 needs numpy < 2.4 (its interpreter turns the loop bounds, one-element arrays,
@@ -64,6 +73,7 @@ __all__ = [
     "SM_LIMITS",
     "resident_programs",
     "split_rule",
+    "choose_splits",
     "kernel_launches",
 ]
 
@@ -382,7 +392,7 @@ def split_rule(resident_per_sm: int | None = None, num_sms: int | None = None) -
             "kernel runs in the interpreter and never splits." + where)
 
 
-def _choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: int) -> int:
+def choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: int) -> int:
     """Split the keys only when the grid cannot fill the resident capacity and sequences are long."""
     if max_seq_len < 2048 or num_programs >= capacity:
         return 1
@@ -412,7 +422,7 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
         if on_gpu():
             programs = len(q_lens) * num_kv_heads * num_q_tiles
             capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages)
-            num_splits = _choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
+            num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"num_splits must be an int from 1 to {_MAX_SPLITS} or None, got {num_splits!r}")
     grid = (len(q_lens), num_kv_heads, num_q_tiles * num_splits)
