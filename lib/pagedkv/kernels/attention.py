@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -421,7 +422,12 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
         num_splits = 1
         if on_gpu():
             programs = len(q_lens) * num_kv_heads * num_q_tiles
-            capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages)
+            try:
+                capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages)
+            except Exception as exc:  # never fail a launch over a plan: one program per SM
+                warnings.warn(f"split-KV planning could not read the compiled kernel ({exc!r}); "
+                              "assuming one resident program per SM", RuntimeWarning, stacklevel=2)
+                capacity = _num_sms()
             num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"num_splits must be an int from 1 to {_MAX_SPLITS} or None, got {num_splits!r}")
