@@ -9,11 +9,12 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install book test test-lib test-compile-quick test-compile test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
 	@echo "make test      everything CI runs: library tests, nbval on every notebook, the book build"
+	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
 	@echo "make test-live chapters 3-4 in a headless JupyterLab: the live views redraw while cells run (not in CI)"
 	@echo "make execute   re-execute every notebook in place on this machine"
@@ -34,10 +35,21 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-notebooks test-book test-site
+test: test-lib test-compile-quick test-notebooks test-book test-site
 
 test-lib: $(STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider
+
+# Every Triton kernel compiled ahead of time for an H200 (sm_90) and an A100
+# (sm_80), no GPU needed: fails on a compile error, shared memory over the
+# target's limit, over 255 registers, or a spill in bf16/fp16 attention at
+# head_dim <= 128. The quick subset (make test, about a minute) must also match
+# book/compile_report.json; the full set rewrites it and book/benchmarks.md.
+test-compile-quick: $(STAMP)
+	$(PY) tools/compile_check.py --quick --check
+
+test-compile: $(STAMP)
+	$(PY) tools/compile_check.py --write
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS)

@@ -7,7 +7,9 @@ into one JSON file (one key per benchmark). Committed as
 ``book/gpu_report.json``, it becomes ``book/benchmarks.md`` through this
 module; a test checks that the committed page is exactly what this renders,
 so no figure on the page is typed by hand. Until a GPU run is committed the
-page says that the figures are pending.
+page says that the figures are pending. The compile report
+(``book/compile_report.json``, from ``tools/compile_check.py``) follows, GPU
+run or not.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 REPORT_JSON = "book/gpu_report.json"
 PAGE_MD = "book/benchmarks.md"
+COMPILE_JSON = "book/compile_report.json"  # written by tools/compile_check.py --write
 
 _INTRO = """# Benchmarks on a GPU
 
@@ -74,17 +77,58 @@ def _engine(section: dict) -> list[str]:
     return lines
 
 
-def render(report: dict | None) -> str:
+def _kb(n: int) -> str:
+    return f"{n / 1024:,.1f}"
+
+
+def _compile(report: dict) -> list[str]:
+    """The compile report: per kernel configuration and target, what the compiled code needs."""
+    t = report["targets"]
+    lines = [
+        "## Compiled kernels (no GPU needed)",
+        "",
+        f"Every Triton kernel of the library and of the exercise solutions, compiled ahead of time "
+        f"with triton {report['triton']} for an H200 (`sm_90`) and an A100 (`sm_80`) by "
+        "`python tools/compile_check.py --write` (`make test-compile`; `make test` compiles a "
+        "subset and fails if it differs from this table). Registers and spill stores are `ptxas -v`'s; "
+        "shared memory is the compiled kernel's; programs per SM is the least of what registers, "
+        "shared memory, threads and the 32-program limit allow (the rule split-KV plans with). "
+        f"A program may use at most {t['sm_90']['shared_per_block']:,} B of shared memory on sm_90 "
+        f"and {t['sm_80']['shared_per_block']:,} B on sm_80. K/V buffers: the K and V tiles the "
+        "compiled loop keeps in flight (2 or more: the next tiles load while one computes). "
+        "A compile analysis is not a timing.",
+        "",
+        "| configuration | rows x keys, warps, stages | sm_90: regs / spills (B) / shared (KB) / programs per SM "
+        "| sm_80: the same | K/V buffers |",
+        "| --- | --- | --- | --- | ---: |",
+    ]
+    for r in report["rows"]:
+        tiles = r.get("tiles")
+        shape = (f"{tiles['block_m']} x {tiles['tile_n']}, {tiles['num_warps']}, {tiles['num_stages']}"
+                 if tiles else "-")
+        cells = [f"{r[t]['regs']} / {r[t]['spills']:,} / {_kb(r[t]['shared'])} / {r[t]['resident']}"
+                 for t in ("sm_90", "sm_80")]
+        lines.append(f"| {r['name']} | {shape} | {cells[0]} | {cells[1]} | {r['sm_90'].get('kv_buffers', '-')} |")
+    copies = [r for r in report["rows"] if r["name"].startswith("copy_blocks") and r["name"].endswith("b16")]
+    if copies:
+        lines += ["", "16-byte global loads per program of `copy_blocks` (sm_90 PTX, blocks of 16 tokens): "
+                  + ", ".join(f"{r['dtype']} caches {r['sm_90']['vec16_loads']}" for r in copies) + "."]
+    return lines + [""]
+
+
+def render(report: dict | None, compile_report: dict | None = None) -> str:
     lines = [_INTRO]
     if not report:
         lines.append("```{note}\nNo GPU run has been committed yet: the figures are pending. "
                      "Run `.ci/gpu-check.sh` on a CUDA machine and commit its `gpu_report.json` "
                      f"as `{REPORT_JSON}`.\n```\n")
-        return "\n".join(lines)
-    if "attention" in report:
-        lines += _attention(report["attention"])
-    if "engine" in report:
-        lines += _engine(report["engine"])
+    else:
+        if "attention" in report:
+            lines += _attention(report["attention"])
+        if "engine" in report:
+            lines += _engine(report["engine"])
+    if compile_report:
+        lines += _compile(compile_report)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -92,7 +136,9 @@ def main(argv: list[str]) -> int:
     report_path = Path(argv[0] if argv else REPORT_JSON)
     page_path = Path(argv[1] if len(argv) > 1 else PAGE_MD)
     report = json.loads(report_path.read_text()) if report_path.exists() else None
-    page_path.write_text(render(report))
+    compile_path = Path(COMPILE_JSON)
+    compiled = json.loads(compile_path.read_text()) if compile_path.exists() else None
+    page_path.write_text(render(report, compiled))
     print(f"wrote {page_path} from {report_path if report else 'no report (figures pending)'}")
     return 0
 

@@ -27,7 +27,16 @@ Split-KV (the flash-decoding idea): one decode token of one request at long
 context is a single program that walks the whole sequence while most of the
 GPU idles. With ``num_splits > 1`` each program covers one segment of the
 keys and writes its partial output and log-sum-exp; a second small kernel
-merges the segments, weighting each by ``exp(lse_i - max lse)``.
+merges the segments, weighting each by ``exp(lse_i - max lse)``. How many
+segments: enough to fill the programs the GPU holds at once (its resident
+capacity, from the compiled kernel's registers and shared memory), see
+``split_rule``.
+
+The K/V loads overlap the compute: a tile's block ids are read one iteration
+ahead, so the compiler keeps two K/V tiles in flight (``tools/compile_check.py``
+counts the buffers in the compiled loop). Tiles, warps and pipeline stages
+depend on dtype and head_dim (``_tile_config``) so that every configuration
+fits the shared memory of an A100 and an H200.
 
 Versions: compiled, the kernel needs triton >= 3.6. Interpreted, Triton 3.6
 needs numpy < 2.4 (its interpreter turns the loop bounds, one-element arrays,
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +70,13 @@ __all__ = [
     "plan_attention",
     "paginate",
     "ATTENTION_DTYPES",
+    "SMLimits",
+    "SM_LIMITS",
+    "resident_programs",
+    "split_rule",
+    "choose_splits",
+    "kernel_launches",
+    "launch_attention",
 ]
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -126,10 +143,19 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_table_ptr + req.to(tl.int64) * max_blocks
+    # The block ids of a tile are read one iteration ahead and carried in the
+    # loop: a K/V address then depends on no load of its own iteration, so the
+    # compiler's pipeliner can issue the next tiles' K/V copies while this one
+    # computes (num_stages buffers). Never read the table at or past kv_hi:
+    # those columns may be garbage.
+    pos = kv_lo + tl.arange(0, TILE_N)
+    next_ids = tl.load(table_row + pos // block_size, mask=pos < kv_hi, other=0)
     for start in range(kv_lo, kv_hi, TILE_N):
         pos = start + tl.arange(0, TILE_N)
-        pos_ok = pos < kv_hi  # never read the table past seq_len: those columns may be garbage
-        block_id = tl.load(table_row + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+        pos_ok = pos < kv_hi
+        block_id = next_ids.to(tl.int64)
+        ahead = pos + TILE_N
+        next_ids = tl.load(table_row + ahead // block_size, mask=ahead < kv_hi, other=0)
         kv_row = (block_id * block_size + pos % block_size) * num_kv_heads + kv_head
         kv_off = kv_row[:, None] * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=pos_ok[:, None], other=0.0)
@@ -292,6 +318,59 @@ class AttentionPlan:
     num_q_tiles: int  # query tiles of the longest request
     num_splits: int  # KV segments per tile
     grid: tuple[int, int, int]
+    num_warps: int = 4  # warps per program
+    num_stages: int = 3  # K/V tiles the compiler's pipeliner may keep in flight
+
+
+@dataclass(frozen=True)
+class SMLimits:
+    """What one streaming multiprocessor offers the programs resident on it."""
+
+    registers: int  # 32-bit registers per SM
+    shared_bytes: int  # shared memory per SM
+    shared_per_block: int  # the most one program may opt in to
+    threads: int  # resident threads per SM
+    blocks: int  # resident programs per SM, whatever their size
+
+
+# CUDA C Programming Guide, "Technical Specifications per Compute Capability";
+# 1 KB of every program's shared memory is reserved by the driver.
+SM_LIMITS = {
+    80: SMLimits(65536, 167_936, 166_912, 2048, 32),  # A100
+    90: SMLimits(65536, 233_472, 232_448, 2048, 32),  # H100 / H200
+}
+_RESERVED_SHARED = 1024
+
+
+def resident_programs(n_regs: int, shared_bytes: int, num_warps: int, limits: SMLimits) -> int:
+    """Programs of one compiled kernel that fit on one SM at once (0: it cannot launch).
+
+    The least of four limits: registers (allocated per warp in units of 256),
+    shared memory (plus the reserved 1 KB per program), threads, programs.
+    """
+    if shared_bytes > limits.shared_per_block:
+        return 0
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = (limits.registers // regs_per_warp) // num_warps
+    by_shared = limits.shared_bytes // (shared_bytes + _RESERVED_SHARED)
+    by_threads = limits.threads // (32 * num_warps)
+    return min(by_regs, by_shared, by_threads, limits.blocks)
+
+
+# Tiles per (decode?, element size, head_dim): (tile_n, num_warps, num_stages).
+# Chosen from the compile report (tools/compile_check.py): every entry fits
+# the shared memory of an A100 and an H200, and 2-byte types do not spill on
+# either. fp32 runs tl.dot on FMA units; wide fp32 tiles only spill more.
+def _tile_config(decode: bool, elem_bytes: int, head_dim: int) -> tuple[int, int, int]:
+    if decode:
+        if elem_bytes == 4 and head_dim == 256:
+            return 32, 4, 2
+        return 64, 4, 3
+    if elem_bytes == 4:
+        return (32, 8, 2) if head_dim == 256 else (64, 8, 2)
+    if head_dim == 256:
+        return 64, 8, 2
+    return 64, 8, 3
 
 
 @functools.cache
@@ -299,63 +378,131 @@ def _num_sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def _choose_splits(num_programs: int, max_seq_len: int, tile_n: int) -> int:
-    """Split the keys only when the grid cannot fill the GPU and sequences are long."""
-    if not on_gpu() or max_seq_len < 2048:
+def split_rule(resident_per_sm: int | None = None, num_sms: int | None = None) -> str:
+    """One paragraph: how ``plan_attention`` chooses ``num_splits``, with this GPU's figures if given."""
+    where = ""
+    if resident_per_sm is not None and num_sms is not None:
+        where = (f" Here: {resident_per_sm} programs per SM x {num_sms} SMs = "
+                 f"{resident_per_sm * num_sms} resident programs.")
+    return ("Split-KV is chosen from the GPU's resident capacity: how many programs of the "
+            "compiled kernel fit on one SM at once (the least of what its registers, its shared "
+            "memory, its threads and the 32-program limit allow), times the number of SMs. A grid "
+            "with fewer programs than that leaves the GPU partly idle, so for sequences of at least "
+            "2,048 tokens each query tile's keys are cut into enough segments to fill the resident "
+            "capacity, with at least four key tiles per segment and at most "
+            f"{_MAX_SPLITS} segments; a grid that already fills it is not split. On a CPU the "
+            "kernel runs in the interpreter and never splits." + where)
+
+
+def choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: int) -> int:
+    """Split the keys only when the grid cannot fill the resident capacity and sequences are long."""
+    if max_seq_len < 2048 or num_programs >= capacity:
         return 1
-    sms = _num_sms()
-    if num_programs >= sms:
-        return 1
-    wanted = -(-2 * sms // num_programs)  # about two programs per SM
+    wanted = -(-capacity // num_programs)
     return max(1, min(wanted, max_seq_len // (4 * tile_n), _MAX_SPLITS))
 
 
 def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_lens: list[int],
-                   num_splits: int | None = None) -> AttentionPlan:
-    """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV."""
+                   num_splits: int | None = None, *, head_dim: int = 128,
+                   dtype: torch.dtype = torch.bfloat16) -> AttentionPlan:
+    """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV (see ``split_rule``)."""
     group = num_heads // num_kv_heads
     max_q = max(q_lens, default=0)
+    decode = max_q <= 1
     # A decode batch (every q_len 1) needs only the group's rows (tl.dot wants
     # at least 16); a prefill tile takes several tokens, so that one K/V tile
     # serves more queries.
-    block_m = max(16 if max_q <= 1 else 64, triton.next_power_of_2(group))
+    block_m = max(16 if decode else 64, triton.next_power_of_2(group))
     block_q = block_m // group
-    tile_n = 64  # the same on every device, so a plan prints the same everywhere
+    # The tiles depend on dtype and head_dim only, never on the device, so a
+    # plan prints the same everywhere.
+    tile_n, num_warps, num_stages = _tile_config(decode, torch.empty((), dtype=dtype).element_size(),
+                                                 head_dim)
     num_q_tiles = max(1, -(-max_q // block_q))
     if num_splits is None:
-        programs = len(q_lens) * num_kv_heads * num_q_tiles
-        num_splits = _choose_splits(programs, max(seq_lens, default=0), tile_n)
+        num_splits = 1
+        if on_gpu():
+            programs = len(q_lens) * num_kv_heads * num_q_tiles
+            try:
+                capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages)
+            except Exception as exc:  # never fail a launch over a plan: one program per SM
+                warnings.warn(f"split-KV planning could not read the compiled kernel ({exc!r}); "
+                              "assuming one resident program per SM", RuntimeWarning, stacklevel=2)
+                capacity = _num_sms()
+            num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"num_splits must be an int from 1 to {_MAX_SPLITS} or None, got {num_splits!r}")
     grid = (len(q_lens), num_kv_heads, num_q_tiles * num_splits)
-    return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid)
+    return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid, num_warps, num_stages)
 
 
-def launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
-    """Launch on validated tensors (the benchmark times this alone)."""
+@functools.cache
+def _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages) -> int:
+    """Resident programs on this GPU for the split kernel of one tile configuration.
+
+    Compiles (without launching) the kernel a split launch would run and
+    reads its registers and shared memory; cached per configuration.
+    """
+    dev = torch.device("cuda")
+    q = torch.empty((1, group, head_dim), dtype=dtype, device=dev)
+    cache = torch.empty((1, 16, 1, head_dim), dtype=dtype, device=dev)
+    meta = torch.zeros((2,), dtype=torch.int32, device=dev)
+    plan = AttentionPlan(block_m, block_m // group, tile_n, 1, 2, (1, 1, 2), num_warps, num_stages)
+    kernel, grid, args, kwargs = kernel_launches(plan, q, cache, cache, meta.view(1, 2), meta[:1], meta,
+                                                 1.0, q)[0]
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    compiled._init_handles()  # fills n_regs from the loaded binary
+    props = torch.cuda.get_device_properties(0)
+    limits = SM_LIMITS.get(props.major * 10 + props.minor, SMLimits(
+        props.regs_per_multiprocessor, props.shared_memory_per_multiprocessor,
+        props.shared_memory_per_block_optin, props.max_threads_per_multi_processor, 32))
+    per_sm = resident_programs(compiled.n_regs, compiled.metadata.shared, num_warps, limits)
+    return max(1, per_sm) * _num_sms()
+
+
+def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, out,
+                    *, interpreted: bool = INTERPRETED):
+    """The launches of one planned call: ``[(kernel, grid, args, kwargs), ...]``, in order.
+
+    ``launch_attention`` runs exactly these; ``tools/compile_check.py`` compiles them
+    ahead of time with Triton's own argument binder, so the check sees the
+    specialisation a real launch gets (``interpreted=False``: the arguments of
+    a compiled launch). Split-KV's fp32 scratch is allocated here.
+    """
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    if num_tokens == 0 or block_table.shape[0] == 0:
-        return out
-    fp32_dot = INTERPRETED or q.dtype == torch.float32  # tl.dot on bf16 is wrong in the interpreter
+    fp32_dot = interpreted or q.dtype == torch.float32  # tl.dot on bf16 is wrong in the interpreter
     splits = plan.num_splits
     if splits == 1:
         part, lse = out, out  # lse_ptr unused
     else:
         part = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
-    _paged_attention_kernel[plan.grid](
-        q, key_cache, value_cache, block_table, seq_lens, query_start_loc, part, lse,
-        float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_size,
-        block_table.shape[1],
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=plan.block_m,
-        BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, NUM_SPLITS=splits, FP32_DOT=fp32_dot,
-    )
+    launches = [(
+        _paged_attention_kernel, plan.grid,
+        (q, key_cache, value_cache, block_table, seq_lens, query_start_loc, part, lse,
+         float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_size,
+         block_table.shape[1]),
+        dict(GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=plan.block_m,
+             BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, NUM_SPLITS=splits, FP32_DOT=fp32_dot,
+             num_warps=plan.num_warps, num_stages=plan.num_stages),
+    )]
     if splits > 1:
-        _merge_splits_kernel[(num_tokens * num_heads,)](
-            part, lse, out, num_tokens, num_heads,
-            NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
-        )
+        launches.append((
+            _merge_splits_kernel, (num_tokens * num_heads,),
+            (part, lse, out, num_tokens, num_heads),
+            dict(NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim),
+        ))
+    return launches
+
+
+def launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
+    """Launch on validated tensors (the benchmark times this alone)."""
+    if q.shape[0] == 0 or block_table.shape[0] == 0:
+        return out
+    for kernel, grid, args, kwargs in kernel_launches(plan, q, key_cache, value_cache, block_table,
+                                                      seq_lens, query_start_loc, scale, out):
+        kernel[grid](*args, **kwargs)
     return out
 
 
@@ -396,13 +543,13 @@ def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start
     lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
     require_kernel_device(q, "q")
     return plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
-                          num_splits)
+                          num_splits, head_dim=q.shape[2], dtype=q.dtype)
 
 
 def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
     """``paged_attention`` for arguments already validated by ``validated_plan`` (same shapes)."""
     return launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan,
-                   torch.empty_like(q))
+                            torch.empty_like(q))
 
 
 # ----------------------------------------------------------------- references

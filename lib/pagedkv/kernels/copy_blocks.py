@@ -31,9 +31,9 @@ import triton.language as tl
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 from .tensor_checks import refuse_meta_tensor
 
-__all__ = ["copy_blocks", "copy_blocks_ref", "launch_copy_blocks", "validate_block_pairs"]
+__all__ = ["copy_blocks", "copy_blocks_ref", "launch_copy_blocks", "validate_block_pairs", "copy_launches"]
 
-_TILE_MAX = 1024  # elements per program; a power of two (tl.arange)
+_TILE_MAX = 1024  # elements per program (2048 for 1-byte caches); a power of two (tl.arange)
 
 
 @triton.jit
@@ -43,6 +43,7 @@ def _copy_blocks_kernel(
     block_numel,  # elements in one block of one cache
     ELEM_BYTES: tl.constexpr,  # 1, 2, 4 or 8: the cache's element size
     TILE: tl.constexpr,
+    ALIGNED: tl.constexpr,  # every cache and every block starts on 16 bytes, TILE fills 16-byte words
 ):
     pair = tl.program_id(0)
     cache = tl.program_id(1)
@@ -61,8 +62,20 @@ def _copy_blocks_kernel(
     dst = tl.load(pairs_ptr + 2 * pair + 1)
     cols = tile * TILE + tl.arange(0, TILE)
     mask = cols < block_numel
-    values = tl.load(ptr + src * block_numel + cols, mask=mask)
-    tl.store(ptr + dst * block_numel + cols, values, mask=mask)
+    src_off = src * block_numel + cols
+    dst_off = dst * block_numel + cols
+    if ALIGNED:
+        # The base comes from a table, so the compiler cannot see its alignment;
+        # the launcher checked it. Runs of 16 // ELEM_BYTES elements start on
+        # 16 bytes and are masked whole, so each becomes one 16-byte access.
+        VEC: tl.constexpr = 16 // ELEM_BYTES
+        ptr = tl.multiple_of(ptr, 16)
+        src_off = tl.max_contiguous(tl.multiple_of(src_off, VEC), VEC)
+        dst_off = tl.max_contiguous(tl.multiple_of(dst_off, VEC), VEC)
+    src_ptrs = ptr + src_off
+    dst_ptrs = ptr + dst_off
+    values = tl.load(src_ptrs, mask=mask)
+    tl.store(dst_ptrs, values, mask=mask)
 
 
 def _flatten_caches(kv_caches) -> list[torch.Tensor]:
@@ -158,14 +171,35 @@ def launch_copy_blocks(cache_ptrs: torch.Tensor, pairs: torch.Tensor, like: torc
     ``cache_ptrs``: int64 base addresses; ``pairs``: ``[n, 2]`` int64 on the
     caches' device; ``like``: one of the caches (shape and dtype of all).
     """
+    for kernel, grid, args, kwargs in copy_launches(cache_ptrs, pairs, like):
+        kernel[grid](*args, **kwargs)
+
+
+def copy_launches(cache_ptrs: torch.Tensor, pairs: torch.Tensor, like: torch.Tensor,
+                  aligned: bool | None = None) -> list:
+    """The launch of one copy as ``[(kernel, grid, args, kwargs)]``: what
+    ``launch_copy_blocks`` runs and ``tools/compile_check.py`` compiles.
+
+    ``aligned=None`` reads the addresses (16-byte aligned caches get 16-byte
+    loads and stores); the compile check, which has no addresses, passes True.
+    """
     block_numel = like[0].numel()
-    tile = min(triton.next_power_of_2(block_numel), _TILE_MAX)
+    elem = like.element_size()
+    # At least 16 bytes per thread of the 4 default warps, so that 1-byte caches
+    # also move whole 16-byte words.
+    tile = min(triton.next_power_of_2(block_numel), max(_TILE_MAX, 16 * 128 // elem))
     num_tiles = triton.cdiv(block_numel, tile)
     if cache_ptrs.numel() > 65535 or num_tiles > 65535:
         raise ValueError(f"too many caches ({cache_ptrs.numel()}) or tiles per block ({num_tiles}) "
                          "for one launch (at most 65535 each)")
+    if aligned is None:
+        # Every base on 16 bytes (one host read of the small address table),
+        # every block a whole number of 16-byte words, every tile too.
+        aligned = (block_numel * elem % 16 == 0 and tile * elem % 16 == 0
+                   and bool((cache_ptrs % 16 == 0).all()))
     grid = (pairs.shape[0], cache_ptrs.numel(), num_tiles)
-    _copy_blocks_kernel[grid](cache_ptrs, pairs, block_numel, ELEM_BYTES=like.element_size(), TILE=tile)
+    return [(_copy_blocks_kernel, grid, (cache_ptrs, pairs, block_numel),
+             dict(ELEM_BYTES=elem, TILE=tile, ALIGNED=aligned))]
 
 
 def copy_blocks_ref(kv_caches: Sequence, block_pairs) -> None:

@@ -1,0 +1,384 @@
+"""Compile every Triton kernel of the book ahead of time for an H200 (sm_90) and an A100 (sm_80).
+
+    python tools/compile_check.py [--quick] [--write | --check] [-j N]
+
+No GPU is needed: ``triton.compile(ASTSource(...), target=GPUTarget("cuda",
+cap, 32))`` produces PTX and a cubin on any machine, and the bundled
+``ptxas -v`` (its log, which Triton prints on request) gives registers and
+spills; the compiled metadata gives shared memory. Each case is bound with
+Triton's own argument binder, from the arguments a real launch passes
+(``pagedkv.kernels.attention.kernel_launches`` for attention, tensors on
+PyTorch's ``meta`` device), so the specialisation (dtypes, 16-divisible
+integers, integers equal to 1) is the one a launch gets.
+
+A case FAILS on a compile error, on shared memory over the target's opt-in
+maximum per program, on more than 255 registers, or on any spill in a
+bf16/fp16 attention kernel with head_dim <= 128. ``--quick`` compiles the
+representative subset ``make test`` runs; the full set is ``make
+test-compile``. ``--write`` stores the report as ``book/compile_report.json``
+and re-renders ``book/benchmarks.md``; ``--check`` fails if a compiled case
+differs from the committed report (same Triton version only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT_JSON = ROOT / "book" / "compile_report.json"
+TARGETS = {"sm_90": (90, "H200"), "sm_80": (80, "A100")}
+MAX_REGISTERS = 255
+
+# Triton prints ptxas's log (registers, spills) on stdout when asked.
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT))  # tools.notebooks, for the solutions' kernels
+import importlib  # noqa: E402
+
+# The modules, not the package's functions of the same names.
+attn, cb, kvw, sm = (importlib.import_module(f"pagedkv.kernels.{m}")
+                     for m in ("attention", "copy_blocks", "kv_write", "slot_mapping"))
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+HEADS, KV_HEADS = 32, 8  # Llama-3-8B
+
+
+class CompileCheckError(Exception):
+    """A case failed to compile; the message names the case and the target."""
+
+
+@dataclass
+class Case:
+    """One kernel launch to compile: the kernel, its launch arguments and what it is."""
+
+    name: str
+    kernel: object  # a JITFunction, or the interpreter's wrapper of one
+    args: tuple
+    kwargs: dict
+    info: dict = field(default_factory=dict)  # kernel, kind, dtype, head_dim, block_size, tiles
+    quick: bool = False
+
+    @property
+    def strict_spills(self) -> bool:
+        """Attention in a 2-byte type at head_dim <= 128 may not spill at all."""
+        return (self.info.get("attention", False) and self.info.get("dtype") in ("bf16", "fp16")
+                and self.info.get("head_dim", 0) <= 128)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+# ----------------------------------------------------------------- the cases
+
+def _attention_cases(dtype_name, head_dim, block_size, kind, quick):
+    """Decode 64 x 4k, prefill 4 x 2k, or split-KV decode 1 x 16k (16 splits, then the merge)."""
+    dtype = DTYPES[dtype_name]
+    batch, q_len, seq, splits = {"decode": (64, 1, 4096, 1), "prefill": (4, 2048, 2048, 1),
+                                 "split": (1, 1, 16384, 16)}[kind]
+    plan = attn.plan_attention(HEADS, KV_HEADS, [q_len] * batch, [seq] * batch, splits,
+                               head_dim=head_dim, dtype=dtype)
+    tokens, max_blocks = batch * q_len, -(-seq // block_size) + 1  # paginate's spare column
+    q = _meta(tokens, HEADS, head_dim, dtype=dtype)
+    cache = _meta(1, block_size, KV_HEADS, head_dim, dtype=dtype)
+    table = _meta(batch, max_blocks, dtype=torch.int32)
+    launches = attn.kernel_launches(plan, q, cache, cache, table, _meta(batch, dtype=torch.int32),
+                                    _meta(batch + 1, dtype=torch.int32), head_dim ** -0.5, q,
+                                    interpreted=False)
+    tiles = dict(block_m=plan.block_m, tile_n=plan.tile_n, num_warps=plan.num_warps,
+                 num_stages=plan.num_stages, num_splits=plan.num_splits)
+    info = dict(attention=True, dtype=dtype_name, head_dim=head_dim, block_size=block_size, tiles=tiles)
+    shape = {"decode": "64 x 4k", "prefill": "4 x 2k", "split": "1 x 16k"}[kind]
+    cases = []
+    for kernel, _grid, args, kwargs in launches:
+        merge = kernel is attn._merge_splits_kernel
+        name = (f"merge {shape} {dtype_name} d{head_dim} ({splits} splits)" if merge
+                else f"{kind} {shape} {dtype_name} d{head_dim} b{block_size}")
+        row = dict(info, kernel=kernel.fn.__name__, kind="merge" if merge else kind)
+        if merge:  # one program per (token, head): no tiles of its own
+            del row["tiles"], row["block_size"]
+        cases.append(Case(name, kernel, args, kwargs, row, quick))
+    return cases
+
+
+# The quick set (make test): every dtype at head_dim 128, bf16 at 64 and 256,
+# fp32's largest prefill (the shared-memory risk), split-KV and the merge,
+# and the three block sizes once.
+_QUICK_ATTENTION = {
+    *((dt, 128, 16, kind) for dt in DTYPES for kind in ("decode", "prefill")),
+    *(("bf16", hd, 16, kind) for hd in (64, 256) for kind in ("decode", "prefill")),
+    ("fp32", 256, 16, "prefill"), ("bf16", 128, 16, "split"),
+    ("bf16", 128, 1, "decode"), ("bf16", 128, 128, "decode"),
+}
+
+
+def library_cases():
+    cases = []
+    for dt in DTYPES:
+        for hd in (64, 128, 256):
+            for block in (1, 16, 128):
+                for kind in ("decode", "prefill", "split"):
+                    quick = (dt, hd, block, kind) in _QUICK_ATTENTION
+                    cases += [c for c in _attention_cases(dt, hd, block, kind, quick)
+                              if not (c.info["kind"] == "merge" and block != 16)]  # merge ignores blocks
+    for elem, dtype in ((1, torch.int8), (2, torch.bfloat16), (4, torch.float32), (8, torch.float64)):
+        for block in (1, 16, 128):
+            like = _meta(2, block, KV_HEADS, 128, dtype=dtype)
+            (kernel, grid, args, kwargs), = cb.copy_launches(_meta(64, dtype=torch.int64),
+                                                             _meta(4, 2, dtype=torch.int64), like, True)
+            cases.append(Case(f"copy_blocks {elem}-byte b{block}", kernel, args, kwargs,
+                              dict(kernel="_copy_blocks_kernel", kind="copy", dtype=f"{elem}-byte",
+                                   block_size=block), quick=elem == 2 and block == 16))
+    for dt, dtype in DTYPES.items():
+        for hd in (64, 128, 256):
+            key = _meta(64, KV_HEADS, hd, dtype=dtype)
+            cache = _meta(8, 16, KV_HEADS, hd, dtype=dtype)
+            chunk = min(triton.next_power_of_2(KV_HEADS * hd), 1024)  # as kv_write's launcher
+            cases.append(Case(f"kv_write {dt} d{hd}", kvw._reshape_and_cache_kernel,
+                              (key, key, cache, cache, _meta(64, dtype=torch.int64), KV_HEADS * hd),
+                              dict(CHUNK=chunk), dict(kernel="_reshape_and_cache_kernel", kind="kv_write",
+                                                      dtype=dt, head_dim=hd), quick=(dt, hd) == ("bf16", 128)))
+    for block in (1, 16, 128):
+        cases.append(Case(f"slot_mapping b{block}", sm._slot_mapping_kernel,
+                          (_meta(64, 257, dtype=torch.int32), 257, _meta(4096, dtype=torch.int32),
+                           _meta(4096, dtype=torch.int32), _meta(4096, dtype=torch.int64), 4096, block),
+                          dict(TOKENS_PER_PROGRAM=256),  # as slot_mapping's launcher
+                          dict(kernel="_slot_mapping_kernel", kind="slot_mapping", block_size=block),
+                          quick=block == 16))
+    return cases
+
+
+def solution_cases():
+    """The exercise solutions' kernels, loaded from the committed notebooks."""
+    from tools.notebooks import load_cell_function
+
+    cases = []
+    nb5, nb7 = ROOT / "solutions" / "05_slot_mapping.ipynb", ROOT / "solutions" / "07_paged_attention.ipynb"
+    slots = load_cell_function(nb5, "slot_mapping_kernel")
+    cases.append(Case("solution slot_mapping b16", slots,
+                      (_meta(64, 257, dtype=torch.int32), 257, _meta(4096, dtype=torch.int64),
+                       _meta(4096, dtype=torch.int64), _meta(4096, dtype=torch.int64), 4096, 16),
+                      dict(TILE=128), dict(kernel="slot_mapping_kernel", kind="solution 05"), quick=True))
+    write = load_cell_function(nb5, "kv_write_kernel")
+    key, cache = _meta(64, KV_HEADS, 128), _meta(8, 16, KV_HEADS, 128)
+    cases.append(Case("solution kv_write bf16 d128", write,
+                      (key, key, cache, cache, _meta(64, dtype=torch.int64), KV_HEADS * 128),
+                      dict(WIDTH_P2=KV_HEADS * 128), dict(kernel="kv_write_kernel", kind="solution 05",
+                                                          dtype="bf16", head_dim=128), quick=True))
+    decode = load_cell_function(nb7, "decode_kernel")
+    for dt, dtype in DTYPES.items():
+        for hd in (64, 128, 256):
+            q, cache = _meta(64, HEADS, hd, dtype=dtype), _meta(1, 16, KV_HEADS, hd, dtype=dtype)
+            args = (q, cache, cache, _meta(64, 257, dtype=torch.int32), _meta(64, dtype=torch.int32), q,
+                    hd ** -0.5, HEADS, KV_HEADS, 16, 257)
+            cases.append(Case(f"solution decode 64 x 4k {dt} d{hd} b16", decode, args,
+                              dict(GROUP=4, GROUP_P2=4, HEAD_DIM=hd, TILE=16),
+                              dict(kernel="decode_kernel", kind="solution 07", dtype=dt, head_dim=hd,
+                                   block_size=16), quick=(dt, hd) == ("bf16", 128)))
+    return cases
+
+
+def all_cases(quick: bool):
+    cases = library_cases() + solution_cases()
+    return [c for c in cases if c.quick] if quick else cases
+
+
+# ----------------------------------------------------------------- compiling
+
+def _as_jit(kernel) -> JITFunction:
+    """The compiler's view of a kernel; on a CPU ``@triton.jit`` made an interpreter wrapper."""
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+
+
+@contextlib.contextmanager
+def _private_cache():
+    """An empty Triton cache for one compile: a cached kernel would skip ptxas and print no log."""
+    before = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="compile_check_") as d:
+        os.environ["TRITON_CACHE_DIR"] = d
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["TRITON_CACHE_DIR"]
+            else:
+                os.environ["TRITON_CACHE_DIR"] = before
+
+
+def _ptxas_figures(log: str, name: str) -> tuple[int, int]:
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    if regs is None or spills is None:
+        raise CompileCheckError(f"{name}: no ptxas report in the compiler's log:\n{log}")
+    return int(regs.group(1)), int(spills.group(1))
+
+
+def kv_buffers(ttgir: str, tile_n: int, head_dim: int) -> int:
+    """K/V buffers of the decode loop: the leading dimension of the pipeliner's
+    mutable shared-memory allocations of [n, TILE_N, HEAD_DIM] tiles (0: none)."""
+    pat = re.compile(rf"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x{tile_n}x{head_dim}x")
+    counts = [int(n) for n in pat.findall(ttgir)]
+    return min(counts) if counts else 0
+
+
+_VEC16 = re.compile(r"ld\.global(?:\.[a-z0-9_:]+)*\.(?:v4\.[bfu]32|v2\.[bfu]64)\b")
+
+
+def compile_case(case: Case, target: str) -> dict:
+    """Compile one case for one target; return its figures (raises CompileCheckError)."""
+    if not isinstance(triton.language.standard.max, JITFunction):
+        raise RuntimeError("triton.language was imported under TRITON_INTERPRET=1 (its tl.max is the "
+                           "interpreter's): compile in a process that imports this module before pagedkv")
+    cap = TARGETS[target][0]
+    gpu = GPUTarget("cuda", cap, 32)
+    backend = make_backend(gpu)
+    jf = _as_jit(case.kernel)
+    binder = create_function_from_signature(jf.signature, jf.params, backend)
+    log = io.StringIO()
+    try:
+        bound, spec, opts = binder(*case.args, **case.kwargs)
+        options, signature, constexprs, attrs = jf._pack_args(backend, case.kwargs, bound, spec, opts)
+        with _private_cache(), contextlib.redirect_stdout(log):
+            kernel = triton.compile(ASTSource(jf, signature, constexprs, attrs), target=gpu,
+                                    options=options.__dict__)
+    except Exception as exc:  # any compiler error is a failed case, reported with its cause
+        raise CompileCheckError(f"{case.name} [{target}]: does not compile: "
+                                f"{type(exc).__name__}: {str(exc)[:2000]}") from exc
+    regs, spills = _ptxas_figures(log.getvalue(), f"{case.name} [{target}]")
+    shared = int(kernel.metadata.shared)
+    warps = int(kernel.metadata.num_warps)
+    limits = attn.SM_LIMITS[cap]
+    out = dict(regs=regs, spills=spills, shared=shared, num_warps=warps,
+               resident=attn.resident_programs(regs, shared, warps, limits),
+               vec16_loads=len(_VEC16.findall(kernel.asm["ptx"])))
+    tiles = case.info.get("tiles")
+    if case.info.get("kind") in ("decode", "prefill", "split") and tiles:
+        out["kv_buffers"] = kv_buffers(kernel.asm["ttgir"], tiles["tile_n"], case.info["head_dim"])
+    return out
+
+
+def violations(case: Case, target: str, fig: dict) -> list[str]:
+    """What makes a compiled case fail, in words (empty: it passes)."""
+    cap = TARGETS[target][0]
+    limit = attn.SM_LIMITS[cap].shared_per_block
+    bad = []
+    if fig["shared"] > limit:
+        bad.append(f"{fig['shared']:,} B of shared memory, over {target}'s {limit:,} B per program")
+    if fig["regs"] > MAX_REGISTERS:
+        bad.append(f"{fig['regs']} registers, over {MAX_REGISTERS}")
+    if case.strict_spills and fig["spills"]:
+        bad.append(f"{fig['spills']} B of spills (bf16/fp16 attention at head_dim <= 128 may not spill)")
+    return [f"{case.name} [{target}]: {b}" for b in bad]
+
+
+def run_cases(cases: list[Case], targets=tuple(TARGETS), jobs: int = 1):
+    """Compile every case for every target. Returns (rows, failures)."""
+    work = [(i, t) for i in range(len(cases)) for t in targets]
+    if jobs > 1:
+        global _POOL_CASES
+        _POOL_CASES = cases  # inherited by the forked workers
+        import multiprocessing
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_pool_compile, work))
+    else:
+        results = [_try_compile(cases[i], t) for i, t in work]
+    rows = {}
+    failures = []
+    for (i, t), (fig, error) in zip(work, results):
+        case = cases[i]
+        row = rows.setdefault(case.name, dict(name=case.name, **{k: v for k, v in case.info.items()
+                                                                  if k != "attention"}))
+        if error:
+            failures.append(error)
+            continue
+        row[t] = fig
+        failures += violations(case, t, fig)
+    return list(rows.values()), failures
+
+
+_POOL_CASES: list[Case] = []
+
+
+def _try_compile(case, target):
+    try:
+        return compile_case(case, target), None
+    except CompileCheckError as exc:
+        return None, str(exc)
+
+
+def _pool_compile(item):
+    i, target = item
+    return _try_compile(_POOL_CASES[i], target)
+
+
+# ----------------------------------------------------------------- the report
+
+def make_report(rows: list[dict]) -> dict:
+    targets = {t: dict(cap=cap, gpu=gpu, **vars(attn.SM_LIMITS[cap])) for t, (cap, gpu) in TARGETS.items()}
+    return dict(triton=triton.__version__, targets=targets, rows=rows)
+
+
+def stale_rows(rows: list[dict], committed: dict) -> list[str]:
+    """Rows compiled now that differ from the committed report (names and targets)."""
+    if committed.get("triton") != triton.__version__:
+        return []  # another compiler: figures may differ legitimately
+    known = {r["name"]: r for r in committed.get("rows", [])}
+    diffs = []
+    for row in rows:
+        old = known.get(row["name"])
+        for t in TARGETS:
+            if t in row and (old is None or old.get(t) != row[t]):
+                diffs.append(f"{row['name']} [{t}]: now {row[t]}, committed {None if old is None else old.get(t)}")
+    return diffs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the representative subset make test runs")
+    ap.add_argument("--write", action="store_true", help="store book/compile_report.json and the page")
+    ap.add_argument("--check", action="store_true", help="fail if a case differs from the committed report")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    opts = ap.parse_args(argv)
+    t0 = time.time()
+    cases = all_cases(opts.quick)
+    rows, failures = run_cases(cases, jobs=opts.jobs)
+    print(f"compiled {len(cases)} kernels x {len(TARGETS)} targets in {time.time() - t0:.0f} s "
+          f"(triton {triton.__version__})")
+    if opts.check:
+        committed = json.loads(REPORT_JSON.read_text())
+        if committed.get("triton") != triton.__version__:
+            print(f"note: the committed report is from triton {committed.get('triton')}; not compared")
+        failures += [f"differs from {REPORT_JSON.name} (run `make test-compile`): {d}"
+                     for d in stale_rows(rows, committed)]
+    for f in failures:
+        print("FAIL", f)
+    if opts.write and not failures:
+        REPORT_JSON.write_text(json.dumps(make_report(rows), indent=1) + "\n")
+        from pagedkv.bench import _report
+
+        os.chdir(ROOT)  # the page's paths are relative to the repository
+        _report.main([])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

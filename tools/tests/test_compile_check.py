@@ -1,0 +1,111 @@
+"""The compile check fails where it must, and its committed report is the page's and the compiler's.
+
+Compiles run in a subprocess (``_compile_cases.py``): this process runs
+Triton's interpreter for the other tests, and a process that did cannot
+compile for a GPU. Each compiles one or two kernels for sm_90/sm_80 with the
+bundled ptxas (no GPU), a few seconds each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pagedkv  # noqa: F401  (first: this process runs the interpreter, see lib/tests/conftest.py)
+import pytest
+import triton
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import compile_check as cc  # noqa: E402  (no compiling in this process)
+from pagedkv.bench import _report  # noqa: E402
+from pagedkv.kernels import attention as attn  # noqa: E402
+
+
+def _compile(name: str) -> dict:
+    """Run one case set of _compile_cases.py in a fresh process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tools"), str(ROOT / "lib"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("_compile_cases.py")), name],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_an_injected_shared_memory_overflow_fails_on_sm80():
+    got = _compile("overflow")
+    fig = got["rows"][0]["sm_80"]
+    assert fig["shared"] > attn.SM_LIMITS[80].shared_per_block
+    assert any("shared memory, over sm_80" in f for f in got["failures"]), got["failures"]
+    assert fig["resident"] == 0  # it could not launch at all
+
+
+def test_an_injected_compile_error_fails():
+    got = _compile("compile_error")
+    assert len(got["failures"]) == 1, got["failures"]
+    assert "does not compile" in got["failures"][0] and "sm_90" in got["failures"][0]
+    assert "sm_90" not in got["rows"][0]
+
+
+def test_a_spill_fails_only_for_two_byte_attention_up_to_head_dim_128():
+    case = cc.Case("c", None, (), {}, dict(attention=True, dtype="bf16", head_dim=128))
+    fig = dict(regs=200, spills=8, shared=1000)
+    assert cc.violations(case, "sm_90", fig) == ["c [sm_90]: 8 B of spills (bf16/fp16 attention at "
+                                                 "head_dim <= 128 may not spill)"]
+    case.info["dtype"] = "fp32"
+    assert cc.violations(case, "sm_90", fig) == []
+    assert cc.violations(case, "sm_90", dict(fig, regs=256))  # over 255 registers fails for any case
+
+
+def test_resident_programs_takes_the_tightest_limit():
+    a100 = attn.SM_LIMITS[80]
+    assert attn.resident_programs(128, 0, 4, a100) == 4  # 128 regs x 128 threads: registers bind
+    assert attn.resident_programs(32, 40_000, 4, a100) == 4  # 167,936 // 41,024: shared memory binds
+    assert attn.resident_programs(16, 0, 1, a100) == 32  # the 32-program limit
+    assert attn.resident_programs(32, a100.shared_per_block + 1, 4, a100) == 0
+
+
+def _committed():
+    return json.loads((ROOT / "book" / "compile_report.json").read_text())
+
+
+def test_the_page_shows_the_committed_compile_report():
+    gpu = ROOT / _report.REPORT_JSON
+    page = _report.render(json.loads(gpu.read_text()) if gpu.exists() else None, _committed())
+    assert (ROOT / _report.PAGE_MD).read_text() == page, "run `make test-compile` to refresh the page"
+    assert "## Compiled kernels" in page
+
+
+def test_the_committed_report_is_what_the_compiler_gives_now():
+    committed = _committed()
+    if committed["triton"] != triton.__version__:
+        pytest.skip(f"report from triton {committed['triton']}, this is {triton.__version__}")
+    got = _compile("decode")
+    assert got["failures"] == []  # within the limits, and equal to the committed row
+    # The decode loop overlaps its loads: at least two K/V buffers on both targets.
+    assert all(got["rows"][0][t]["kv_buffers"] >= 2 for t in cc.TARGETS)
+
+
+def test_copy_blocks_moves_16_bytes_per_load_when_aligned():
+    got = _compile("copy")
+    assert got["failures"] == []
+    aligned, unaligned = (r["sm_90"] for r in got["rows"])
+    assert aligned["vec16_loads"] > 0  # one ld.global.v4.b32 per 8 elements
+    assert unaligned["vec16_loads"] == 0  # without the launcher's alignment check: 2-byte loads
+    rows = {r["name"]: r for r in _committed()["rows"]}
+    assert all(rows[f"copy_blocks {e}-byte b16"]["sm_90"]["vec16_loads"] > 0 for e in (1, 2, 4, 8))
+
+
+def test_split_kv_fills_the_resident_capacity_not_the_sm_count():
+    # 17 decode requests x 8 KV heads = 136 programs: more than an H200's 132
+    # SMs, but under its 3 x 132 resident programs, so the keys are split.
+    assert attn.choose_splits(136, 4096, 64, capacity=3 * 132) == 3
+    assert attn.choose_splits(3 * 132, 4096, 64, capacity=3 * 132) == 1  # already full
+    assert attn.choose_splits(8, 1024, 64, capacity=3 * 132) == 1  # short sequences never split
+    assert attn.choose_splits(8, 16384, 64, capacity=4 * 132) == 64  # capped at 64 segments
+    rule = attn.split_rule(3, 132)
+    assert "resident" in rule and "3 programs per SM x 132 SMs = 396" in rule
