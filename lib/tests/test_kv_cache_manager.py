@@ -533,7 +533,7 @@ def test_request_hashes_follow_appended_tokens():
         (lambda: KVCacheManager(10, 4, hash_block_size=3), ValueError, "hash_block_size=3 must divide block_size=4"),
         (lambda: KVCacheManager(10, 0), ValueError, "block_size must be >= 1, got 0"),
         (lambda: KVCacheManager(1, 4), ValueError, "num_blocks must be >= 2, got 1"),
-        (lambda: KVCacheManager(10, 4, watermark=1.5), ValueError, "watermark must be a finite number in [0, 1)"),
+        (lambda: KVCacheManager(10, 4, watermark=1.5), ValueError, r"watermark must be a finite number in \[0, 1\)"),
     ],
 )
 def test_bad_construction(make, exc, match):
