@@ -19,7 +19,7 @@ import torch
 
 import pagedkv
 from pagedkv.bench._cuda_timing import device_ceilings, gbps, time_ms
-from pagedkv.kernels.kv_write import _launch_reshape_and_cache, reshape_and_cache, reshape_and_cache_ref
+from pagedkv.kernels.kv_write import launch_reshape_and_cache, reshape_and_cache, reshape_and_cache_ref
 from pagedkv.kernels.slot_mapping import _launch_slot_mapping, compute_slot_mapping, compute_slot_mapping_ref
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
 
     # Read K and V, write them into the caches, read the slots.
     kv_bytes = 2 * 2 * key.numel() * key.element_size() + n_tok * 8
-    ms_kv_kernel = time_ms(lambda: _launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
+    ms_kv_kernel = time_ms(lambda: launch_reshape_and_cache(key, value, key_cache, value_cache, slots))
     ms_kv_torch = time_ms(torch_write)
 
     print(f"shapes: {n_tok} tokens, table {args.reqs} x {max_blocks}, block_size {bs}, "

@@ -18,7 +18,7 @@ import triton.language as tl
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 from .slot_mapping import check_tensor_args
 
-__all__ = ["reshape_and_cache", "reshape_and_cache_ref", "KV_DTYPES"]
+__all__ = ["reshape_and_cache", "reshape_and_cache_ref", "launch_reshape_and_cache", "KV_DTYPES"]
 
 KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -98,8 +98,8 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
         raise ValueError(f"slot {dup} appears more than once in slot_mapping: two tokens would race for it")
 
 
-def _launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Launch on already-validated tensors (the benchmark times this alone)."""
+def launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Launch on tensors ``reshape_and_cache`` has validated (the model's later layers and the benchmark)."""
     num_tokens = key.shape[0]
     token_width = key.shape[1] * key.shape[2]
     if num_tokens == 0 or token_width == 0:
@@ -126,7 +126,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """
     _validate(key, value, key_cache, value_cache, slot_mapping)
     require_kernel_device(key_cache, "key_cache")
-    _launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
 def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping) -> None:
