@@ -152,5 +152,16 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
 def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
     """Chapter 1's startup error if one ``max_model_len`` request cannot fit the usable pool."""
     usable_bytes = pool.num_usable_blocks * pool.block_bytes
-    budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
-                                        pool.block_size, model.dtype)
+    try:
+        budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
+                                            pool.block_size, model.dtype)
+    except ValueError as e:
+        if pool.source != "override":
+            raise
+        # A pool given in blocks: say it in blocks and tokens too (GiB rounds a small pool to 0.00).
+        needed, usable = -(-max_model_len // pool.block_size), pool.num_usable_blocks
+        raise ValueError(
+            f"{e} With num_gpu_blocks_override={pool.num_blocks}: {usable:,} usable blocks of {pool.block_size} "
+            f"tokens hold {usable * pool.block_size:,} tokens, and one request of max_model_len={max_model_len:,} "
+            f"needs {needed:,} blocks; raise num_gpu_blocks_override to at least {needed + 1:,} or lower "
+            f"max_model_len to at most {usable * pool.block_size:,}.") from None

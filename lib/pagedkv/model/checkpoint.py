@@ -31,6 +31,25 @@ def _safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+def _open_safetensors(file: Path):
+    """``safe_open`` with a ValueError naming the file when it is not a whole safetensors file."""
+    from safetensors import SafetensorError, safe_open  # imported here: only loading needs it
+
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as e:
+        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+
+
+def _read_tensor(st, name: str, file: Path) -> torch.Tensor:
+    from safetensors import SafetensorError
+
+    try:
+        return st.get_tensor(name)
+    except SafetensorError as e:
+        raise ValueError(f"{file}: tensor {name!r} cannot be read (truncated or corrupt?): {e}") from None
+
+
 def load_pretrained(path, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Model:
     """A ``Model`` with the weights of a local Hugging Face checkpoint directory.
 
@@ -42,7 +61,10 @@ def load_pretrained(path, dtype: torch.dtype | None = None, device: torch.device
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {path}")
     hf = json.loads((path / "config.json").read_text())
-    config = ModelConfig.from_hf_config(hf)  # ValueError for an unsupported architecture
+    try:
+        config = ModelConfig.from_hf_config(hf)
+    except ValueError as e:  # an unsupported or inconsistent config: say which file
+        raise ValueError(f"{path / 'config.json'}: {e}") from None
     generation = path / "generation_config.json"
     if generation.is_file():  # what generate() stops on, where a model sets it
         config.eos_token_id = json.loads(generation.read_text()).get("eos_token_id", config.eos_token_id)
@@ -50,11 +72,9 @@ def load_pretrained(path, dtype: torch.dtype | None = None, device: torch.device
         dtype = _DTYPES.get(hf.get("dtype") or hf.get("torch_dtype"), torch.float32)
 
     files = _safetensors_files(path)
-    from safetensors import safe_open  # imported here: only loading needs it
-
     names = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
+        with _open_safetensors(f) as st:
             names.update((n, f) for n in st.keys())
     if "lm_head.weight" not in names:
         config.tie_word_embeddings = True
@@ -68,12 +88,12 @@ def load_pretrained(path, dtype: torch.dtype | None = None, device: torch.device
         raise ValueError(f"{len(unexpected)} checkpoint tensors have no place in the model, e.g. {unexpected[:3]}")
     with torch.no_grad():
         for f in files:
-            with safe_open(str(f), framework="pt") as st:
+            with _open_safetensors(f) as st:
                 for name in st.keys():
                     key = name.removeprefix("model.")
                     if key not in ours:  # lm_head.weight of a tied model (the embedding is the head)
                         continue
-                    tensor = st.get_tensor(name)
+                    tensor = _read_tensor(st, name, f)
                     if tensor.shape != ours[key].shape:
                         raise ValueError(f"{name} has shape {tuple(tensor.shape)} in {f.name}, "
                                          f"the config implies {tuple(ours[key].shape)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "PRESETS"]
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "MODEL_TYPES", "PRESETS"]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 _ROPE_TYPES = ("default", "llama3")
@@ -91,9 +91,7 @@ class ModelConfig:
         ``rope_type``); checkpoints on the hub mostly carry ``rope_theta`` and
         ``rope_scaling`` (whose type key is ``rope_type`` or the older ``type``).
         """
-        arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        arch = _architecture(config)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; the MLP is SwiGLU (silu)")
         if config.get("mlp_bias"):
@@ -114,6 +112,32 @@ class ModelConfig:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), attention_bias=bias,
             eos_token_id=config.get("eos_token_id"), architecture=arch, attention_out_bias=out_bias)
+
+
+#: architecture -> the ``model_type`` a config.json of it carries.
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _architecture(config: dict) -> str:
+    """The architecture a config.json describes, its ``model_type`` and ``architectures`` agreeing."""
+    model_type, archs = config.get("model_type"), config.get("architectures")
+    if model_type is not None and model_type not in MODEL_TYPES.values():
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES.values())}")
+    if archs:
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {arch!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if model_type is not None and MODEL_TYPES[arch] != model_type:
+            raise ValueError(f"model_type {model_type!r} disagrees with architectures {archs} "
+                             f"(a {arch} has model_type {MODEL_TYPES[arch]!r})")
+    else:  # no architectures: the model_type decides (Llama when neither is given)
+        arch = {t: a for a, t in MODEL_TYPES.items()}.get(model_type, "LlamaForCausalLM")
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise ValueError(f"the config lacks {', '.join(missing)} (is it a Llama-family config.json?)")
+    return arch
 
 
 def _rope_from_hf(config: dict) -> tuple[float, dict | None]:

@@ -281,6 +281,10 @@ class Model(nn.Module):
         """The reference path: ``[batch, seq]`` token ids (no padding) to hidden ``[batch, seq, hidden_size]``."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        vocab = self.config.vocab_size
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+            bad = int(input_ids[(input_ids < 0) | (input_ids >= vocab)][0])
+            raise ValueError(f"input_ids holds {bad}, which is not a token id of the model (0..{vocab - 1})")
         group = self.config.num_attention_heads // self.config.num_key_value_heads
         cos, sin = self._rope(torch.arange(input_ids.shape[1], device=input_ids.device))
 
