@@ -42,7 +42,7 @@ from pagedkv.model import (SMOLLM2_INSTALL, Model, ModelConfig, load_gguf, load_
 BATCHES = (1, 16, 64)
 
 
-def _hf_from_ours(model: Model):
+def hf_model_from_ours(model: Model):
     """A transformers ``LlamaForCausalLM`` whose parameters *are* ours (no copy), or None without transformers."""
     try:
         import transformers
@@ -98,7 +98,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 def throughput(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, batches=BATCHES,
                repeats: int = 3, say=print) -> list[dict]:
     """Generated tokens/s of our engine and of transformers' ``generate`` at each batch size."""
-    hf = _hf_from_ours(model)
+    hf = hf_model_from_ours(model)
     if hf is None:
         say("transformers is not installed: the Hugging Face comparison is skipped")
     engine = LLMEngine(args, model)
@@ -161,7 +161,7 @@ def real_model_throughput(model: Model, tokenizer, max_tokens: int = 64, repeats
     figure is the best of ``repeats`` runs, alternating ours and theirs so
     that a noisy machine hits both alike.
     """
-    hf = _hf_from_ours(model)
+    hf = hf_model_from_ours(model)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True)
                for q in CHAT_QUESTIONS]
     per_request = -(-(max(map(len, prompts)) + max_tokens) // 16)  # blocks of 16 for the longest request
