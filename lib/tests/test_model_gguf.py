@@ -298,10 +298,10 @@ def test_real_model_matches_transformers(real, real_prompts):
     new = 8
     engine = LLMEngine(EngineArgs(num_gpu_blocks_override=64, block_size=16, max_model_len=128,
                                   kernel_backend="torch"), model)
-    ours = [o.token_ids for o in engine.generate(real_prompts, max_tokens=new, ignore_eos=True)]
+    ours = [o.token_ids for o in engine.generate(real_prompts, max_tokens=new)]  # both stop at EOS
     with torch.no_grad():
         theirs = [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                              do_sample=False, max_new_tokens=new, eos_token_id=tok.eos_token_id,
                               pad_token_id=tok.eos_token_id)[0, len(p):].tolist() for p in real_prompts]
     assert ours == theirs
 
