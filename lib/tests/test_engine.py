@@ -464,7 +464,8 @@ def test_abort_frees_blocks_and_reports_abort(model):
     engine.check()
     outs = engine.step()
     aborted = [o for o in outs if o.request_id == "B"]
-    assert aborted == [RequestOutput("B", [], aborted[0].token_ids, True, "abort")]
+    assert aborted == [RequestOutput("B", [], aborted[0].token_ids, True, "abort",
+                                     prompt_token_ids=list(range(5, 9)))]
     assert len(aborted[0].token_ids) == 2
     assert engine.last_scheduler_output.finished_req_ids == ["B"]
     engine.abort_request("A"), engine.abort_request("C")

@@ -209,7 +209,7 @@ def test_seeded_weights_are_deterministic_and_dtype_consistent():
     for kc, vc in caches:
         assert kc.shape == vc.shape == (5, 4, tiny.num_key_value_heads, tiny.head_dim)
         assert kc.dtype == torch.float32 and not kc.any() and not vc.any()
-    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
         a.allocate_kv_cache(5, 0)
     with pytest.raises(ValueError, match="kernel_backend.*'cuda'"):
         a(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), caches, None, kernel_backend="cuda")

@@ -3,19 +3,21 @@
 One concept per module:
 
 - ``args``: ``EngineArgs``, the knobs with ``vllm serve``'s names and a CLI mapping;
-- ``request``: ``EngineRequest`` (status, stop rules) and ``RequestOutput``;
+- ``sampling``: ``SamplingParams`` (vLLM's names and defaults) and the batched sampler;
+- ``request``: ``EngineRequest`` (status, sampling parameters, stop rules) and ``RequestOutput``;
 - ``scheduler``: ``Scheduler`` (running list, waiting queue, preemption,
   prefix hits, chunked prefill) and its per-step ``SchedulerOutput``;
 - ``sizing``: how many blocks the pool gets, and the startup check;
-- ``worker``: block-table rows, KV caches, the forward pass and greedy sampling;
+- ``worker``: block-table rows, KV caches, the forward pass and sampling;
 - ``stats``: ``EngineStats`` and vLLM's periodic log line;
 - ``llm_engine``: ``LLMEngine``, which ties them together and calls step
   listeners after every step (the views in ``pagedkv.views`` attach there; the
   engine never imports them).
+- ``llm``: ``LLM``, vLLM's offline API (``generate``, ``chat``) over ``LLMEngine``.
 
 Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
 
-- Greedy decoding only, one process, synchronous steps: ``num_computed_tokens``
+- One process, synchronous steps: ``num_computed_tokens``
   advances after the forward pass, where vLLM advances it at scheduling time
   for its asynchronous scheduler; a synchronous engine cannot tell the difference.
 - ``watermark`` defaults to 0.01 (vLLM 0.33's scheduler default is 0.0).
@@ -29,20 +31,27 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   kernel only the scheduled rows of the block table (vLLM passes every row).
 - An aborted request's final output (``finish_reason="abort"``) arrives with
   the next ``step()``.
+- ``LLMEngine.add_request`` without ``SamplingParams`` is greedy (vLLM's
+  default temperature is 1.0; ``SamplingParams()`` here has it too).
+- Sampling noise is a hash of (seed, tokens generated so far, token id), not
+  a generator's stream, so a seeded output does not depend on its batch.
 - A request that cannot be admitted even into an empty batch raises
   ``RuntimeError`` instead of waiting forever.
 """
 
 from .args import CLI_FLAGS, KERNEL_BACKENDS, EngineArgs
+from .llm import LLM
 from .llm_engine import LLMEngine
-from .request import EngineRequest, RequestOutput, RequestStatus
+from .request import CompletionOutput, EngineRequest, RequestOutput, RequestStatus
+from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
 from .stats import EngineStats
 from .worker import Worker
 
 __all__ = [
-    "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLMEngine", "EngineRequest", "RequestOutput",
+    "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLM", "LLMEngine", "SamplingParams", "EngineRequest",
+    "RequestOutput", "CompletionOutput",
     "RequestStatus", "Scheduler", "SchedulerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
     "EngineStats", "Worker",
 ]

@@ -1,8 +1,9 @@
 """``LLMEngine``: requests in, tokens out, one scheduler step and one forward pass at a time.
 
-The loop of vLLM's ``LLMEngine``/``EngineCore``, synchronous and greedy:
+The loop of vLLM's ``LLMEngine``/``EngineCore``, synchronous:
 
     add_request(...)          queue a prompt (token ids, or text with a tokenizer)
+                              with its SamplingParams (greedy by default)
     step()                    schedule -> execute -> update; returns RequestOutputs
     has_unfinished_requests()
     generate(prompts, ...)    add them, step until they finish, return them in order
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import random
 import time
 from typing import Callable, Sequence
 
@@ -27,6 +29,7 @@ import torch
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
 from .request import EngineRequest, RequestOutput
+from .sampling import SamplingParams
 from .scheduler import AllocateWithPreemption, Scheduler, SchedulerOutput
 from .sizing import PoolSize, check_startup, determine_num_blocks
 from .stats import EngineStats, StatsCollector
@@ -97,6 +100,7 @@ class LLMEngine:
         self._pending_outputs: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self._generate_ids = itertools.count()
+        self._seeds = random.Random(args.seed)  # a seed for each request that brings none
 
     # ----------------------------------------------------------------- requests
     def _encode(self, prompt) -> list[int]:
@@ -116,23 +120,39 @@ class LLMEngine:
                 raise ValueError(f"prompt[{i}] = {t} is not a token id of the model (0..{vocab - 1})")
         return [int(t) for t in prompt]
 
-    def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False) -> None:
+    def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False,
+                    sampling_params: SamplingParams | None = None) -> None:
         """Queue a request. Bad input raises (TypeError/ValueError) and leaves the engine untouched.
 
         ``prompt``: token ids, or text when the engine has a tokenizer. The
         prompt must be non-empty and shorter than ``max_model_len``; ids must
-        be unique among unfinished requests; ``max_tokens >= 1``.
+        be unique among unfinished requests. ``sampling_params`` (vLLM's)
+        decides how tokens are picked and when to stop; without it the request
+        is greedy with ``max_tokens`` (>= 1) and ``ignore_eos``.
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
         if request_id in self.scheduler.requests:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         token_ids = self._encode(prompt)
-        self._check_prompt(token_ids, max_tokens, ignore_eos)
-        request = EngineRequest(request_id, token_ids, max_tokens, ignore_eos=ignore_eos,
-                                eos_token_ids=self.eos_token_ids, arrival=next(self._arrivals),
-                                hash_block_size=self.kv_cache_manager.hash_block_size)
+        params = self._params(sampling_params, max_tokens, ignore_eos)
+        self._check_prompt(token_ids, params.max_tokens or self.max_model_len, params.ignore_eos)
+        detokenize = None if self.tokenizer is None else self.tokenizer.decode
+        request = EngineRequest(request_id, token_ids, self.max_model_len, eos_token_ids=self.eos_token_ids,
+                                arrival=next(self._arrivals), hash_block_size=self.kv_cache_manager.hash_block_size,
+                                sampling_params=params, seed=self._seeds.getrandbits(63), detokenize=detokenize)
         self.scheduler.add_request(request)
+
+    def _params(self, sampling_params, max_tokens, ignore_eos) -> SamplingParams:
+        """The request's SamplingParams: the given ones, or greedy with ``max_tokens`` and ``ignore_eos``."""
+        if sampling_params is None:
+            self._check_prompt([0], max_tokens, ignore_eos)  # the two arguments' own checks
+            return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+        if sampling_params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer to read the text; use stop_token_ids")
+        return sampling_params
 
     def _check_prompt(self, token_ids: list[int], max_tokens, ignore_eos) -> None:
         if not token_ids:
@@ -166,9 +186,11 @@ class LLMEngine:
         tokens = list(request.output_token_ids)
         text = None
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(tokens)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=request.sampling_params.skip_special_tokens)
+            if isinstance(request.stop_reason, str):  # the output ends before the stop string
+                text = text[:text.find(request.stop_reason)]
         return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
-                             request.finish_reason, text)
+                             request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids))
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -211,26 +233,38 @@ class LLMEngine:
                 decode += 1
         return out.total_num_scheduled_tokens - decode
 
-    def generate(self, prompts: Sequence, max_tokens: int = 16, ignore_eos: bool = False) -> list[RequestOutput]:
-        """Greedy generation for a batch: add every prompt, step until they all finish.
+    def generate(self, prompts: Sequence, max_tokens: int = 16, ignore_eos: bool = False,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generation for a batch: add every prompt, step until they all finish.
 
-        Returns one finished ``RequestOutput`` per prompt, in prompt order.
-        Requests added earlier by ``add_request`` also advance meanwhile; their
-        outputs are not returned here.
+        ``sampling_params``: one for all prompts or one per prompt (default:
+        greedy with ``max_tokens`` and ``ignore_eos``). Returns one finished
+        ``RequestOutput`` per prompt, in prompt order. Requests added earlier
+        by ``add_request`` also advance meanwhile; their outputs are not
+        returned here.
         """
         if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
             raise TypeError("prompts must be a list of prompts (each a list of token ids or a str)")
-        for i, p in enumerate(prompts):  # validate all before adding any: a bad prompt adds none
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        checked = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):  # validate all before adding any: a bad prompt adds none
             try:
-                self._check_prompt(self._encode(p), max_tokens, ignore_eos)
+                sp = self._params(sp, max_tokens, ignore_eos)
+                self._check_prompt(self._encode(p), sp.max_tokens or self.max_model_len, sp.ignore_eos)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
+            checked.append(sp)
         ids = []
-        for p in prompts:
+        for p, sp in zip(prompts, checked):
             rid = f"generate-{next(self._generate_ids)}"
             while rid in self.scheduler.requests:
                 rid = f"generate-{next(self._generate_ids)}"
-            self.add_request(rid, p, max_tokens, ignore_eos)
+            self.add_request(rid, p, sampling_params=sp)
             ids.append(rid)
         wanted = set(ids)
         final: dict[str, RequestOutput] = {}

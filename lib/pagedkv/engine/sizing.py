@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import budget
+from ..common import cdiv
 from .args import EngineArgs
 
 __all__ = ["model_spec_of", "PoolSize", "determine_num_blocks", "check_startup", "dummy_batch",
@@ -81,7 +82,7 @@ def dummy_batch(model, args: EngineArgs, max_model_len: int):
     per_req = max_model_len - 1  # the longest prompt the engine accepts
     total = min(args.max_num_batched_tokens, args.max_num_seqs * per_req)
     lens = [per_req] * (total // per_req) + ([total % per_req] if total % per_req else [])
-    blocks = [-(-n // B) for n in lens]
+    blocks = [cdiv(n, B) for n in lens]
     caches = model.allocate_kv_cache(sum(blocks) + 1, B)
     table = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
     start = 1
@@ -160,8 +161,12 @@ def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
         budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
                                             pool.block_size, model.dtype)
     except ValueError as error:
-        needed = -(-max_model_len // pool.block_size)
+        needed, usable = cdiv(max_model_len, pool.block_size), pool.num_usable_blocks
+        hint = ""
+        if pool.source == "override":  # a pool given in blocks: GiB would round a small one to 0.00
+            hint = (f" Raise num_gpu_blocks_override to at least {needed + 1:,}, or lower max_model_len "
+                    f"to at most {usable * pool.block_size:,}.")
         raise ValueError(
             f"{error}\n(pagedkv: one {max_model_len}-token request needs {needed:,} blocks of "
-            f"{pool.block_size} tokens; the pool has {pool.num_usable_blocks:,} usable blocks "
-            "besides the null block.)") from None
+            f"{pool.block_size} tokens; the pool has {usable:,} usable blocks "
+            f"besides the null block.{hint})") from None

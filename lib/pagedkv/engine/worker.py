@@ -12,9 +12,10 @@ Per step, from the scheduler's decisions:
    the cache (``copy_blocks``); the engine acknowledges them after the step.
 3. **Inputs.** Token ids and positions of every scheduled token, grouped by
    row; the slot mapping from the committed table; ``AttentionMetadata``.
-4. **Forward and sample.** ``model.forward``, then greedy sampling (argmax)
-   from the last scheduled token of each request whose prompt (or
-   recomputation) is complete after this step. A request in the middle of a
+4. **Forward and sample.** ``model.forward``, then one token from the last
+   scheduled token's logits of each request whose prompt (or recomputation)
+   is complete after this step, all rows in one batched ``sampling.sample``
+   (argmax alone when every row is greedy). A request in the middle of a
    chunked prefill gets no token.
 """
 
@@ -27,7 +28,9 @@ import torch
 
 from ..block_table import BlockTable
 from .request import EngineRequest
+from .sampling import sample
 from .scheduler import SchedulerOutput
+from ..common import cdiv
 
 __all__ = ["Worker"]
 
@@ -53,7 +56,7 @@ class Worker:
         self.kernel_backend = kernel_backend
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.last_metadata = None  # the AttentionMetadata of the latest step
-        self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device=self.device)
+        self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
         if kernel_backend == "triton":
@@ -158,8 +161,25 @@ class Worker:
             return {}
         last = torch.from_numpy(cu[1:][done] - 1).to(dev)
         logits = self.model.compute_logits(hidden.index_select(0, last))
-        tokens = torch.argmax(logits, dim=-1).tolist()
+        tokens = self._sample(logits, [requests[sched[i]] for i in done]).tolist()
         return {sched[i]: t for i, t in zip(done, tokens)}
+
+    def _sample(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
+        """One token per row: the parameters go to the device as ``[batch]`` tensors, one op chain samples."""
+        params = [r.sampling_params for r in reqs]
+        if all(p.greedy for p in params):
+            return torch.argmax(logits, dim=-1)
+        dev = logits.device
+
+        def column(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        return sample(logits, column([p.temperature for p in params], torch.float32),
+                      column([p.top_p for p in params], torch.float32),
+                      column([p.top_k for p in params], torch.int64),
+                      column([p.min_p for p in params], torch.float32),
+                      column([r.seed % (1 << 63) for r in reqs], torch.int64),
+                      column([r.num_output_tokens for r in reqs], torch.int64))
 
     # ----------------------------------------------------------------- checks
     def check(self, expected: Mapping[str, list[int]]) -> None:

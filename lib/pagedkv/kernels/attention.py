@@ -61,6 +61,7 @@ import triton.language as tl
 
 from .._device import INTERPRETED, on_gpu, require_kernel_device
 from .tensor_checks import check_tensor_args
+from ..common import cdiv
 
 __all__ = [
     "paged_attention",
@@ -288,7 +289,7 @@ def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
             raise ValueError(f"seq_lens[{r}] = {lens[r]}: a request must hold at least one token")
         if lens[r] < q_len:
             raise ValueError(f"seq_lens[{r}] = {lens[r]} is shorter than the request's {q_len} new tokens")
-    needed = [-(-n // block_size) for n in lens]
+    needed = [cdiv(n, block_size) for n in lens]
     if num_reqs and max(needed) > block_table.shape[1]:
         r = needed.index(max(needed))
         raise ValueError(f"request {r} has {lens[r]} tokens = {needed[r]} blocks of {block_size}, "
@@ -350,7 +351,7 @@ def resident_programs(n_regs: int, shared_bytes: int, num_warps: int, limits: SM
     """
     if shared_bytes > limits.shared_per_block:
         return 0
-    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    regs_per_warp = cdiv(max(n_regs, 1) * 32, 256) * 256
     by_regs = (limits.registers // regs_per_warp) // num_warps
     by_shared = limits.shared_bytes // (shared_bytes + _RESERVED_SHARED)
     by_threads = limits.threads // (32 * num_warps)
@@ -398,7 +399,7 @@ def choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: in
     """Split the keys only when the grid cannot fill the resident capacity and sequences are long."""
     if max_seq_len < 2048 or num_programs >= capacity:
         return 1
-    wanted = -(-capacity // num_programs)
+    wanted = cdiv(capacity, num_programs)
     return max(1, min(wanted, max_seq_len // (4 * tile_n), _MAX_SPLITS))
 
 
@@ -418,7 +419,7 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
     # plan prints the same everywhere.
     tile_n, num_warps, num_stages = _tile_config(decode, torch.empty((), dtype=dtype).element_size(),
                                                  head_dim)
-    num_q_tiles = max(1, -(-max_q // block_q))
+    num_q_tiles = max(1, cdiv(max_q, block_q))
     if num_splits is None:
         num_splits = 1
         if on_gpu():
@@ -592,7 +593,7 @@ def paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, query_
     block_size = key_cache.shape[1]
     keys, values, kv_start = [], [], [0]
     for r, n in enumerate(lens):
-        ids = block_table[r, : -(-n // block_size)].long()
+        ids = block_table[r, : cdiv(n, block_size)].long()
         keys.append(key_cache[ids].flatten(0, 1)[:n])
         values.append(value_cache[ids].flatten(0, 1)[:n])
         kv_start.append(kv_start[-1] + n)
@@ -615,7 +616,7 @@ def paginate(keys, values, block_size, num_blocks=None, *, seed=0, unused=-1):
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} key tensors but {len(values)} value tensors")
     lens = [int(k.shape[0]) for k in keys]
-    need = [-(-n // block_size) for n in lens]
+    need = [cdiv(n, block_size) for n in lens]
     num_blocks = sum(need) + 1 if num_blocks is None else num_blocks
     if num_blocks < sum(need):
         raise ValueError(f"{num_blocks} blocks cannot hold {sum(need)} blocks of K/V")

@@ -99,7 +99,7 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 
 def launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Launch on already-validated tensors (the benchmark times this alone)."""
+    """Launch on tensors ``reshape_and_cache`` has validated (the model's later layers and the benchmark)."""
     num_tokens = key.shape[0]
     token_width = key.shape[1] * key.shape[2]
     if num_tokens == 0 or token_width == 0:

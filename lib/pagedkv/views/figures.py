@@ -213,7 +213,7 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
     for r in range(rows):
         tile_ax.text(0.5, r + 0.5, f"token {cells[r, 0]}, head {cells[r, 1]}", ha="center",
                      va="center", fontsize=6.5)
-    steps = max(1, -(-max(seq_lens) // plan.tile_n))
+    steps = max(1, cdiv(max(seq_lens), plan.tile_n))
     for j in range(min(steps, 4)):
         tile_ax.add_patch(plt.Rectangle((1.15 + j * 0.45, 0), 0.4, rows, color="#fdae61"))
         tile_ax.text(1.35 + j * 0.45, rows / 2, f"keys {j * plan.tile_n}..", rotation=90,

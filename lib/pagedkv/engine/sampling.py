@@ -1,0 +1,159 @@
+"""``SamplingParams`` (vLLM's names and defaults) and the batched sampler.
+
+The parameters a request carries, checked when built (ValueError/TypeError
+naming the field). ``temperature=0`` is greedy; otherwise the logits are
+divided by the temperature, then ``min_p``, ``top_k`` and ``top_p`` cut the
+distribution (in that order, as vLLM V1's sampler does), and a token is drawn.
+
+The draw is one chain of tensor operations for the whole batch:
+``argmax(probs / E)`` with ``E ~ Exponential(1)`` per (request, token) picks
+token ``v`` with probability ``probs[v]`` (the "exponential race", which
+vLLM also uses). Our noise is not drawn from a stateful generator: it is a
+hash of (the request's seed, how many tokens it has generated, the token id),
+computed with integer tensor arithmetic. So a seeded request draws the same
+tokens whatever else shares its batch, and a preempted request that recomputes
+draws exactly what it would have drawn. A request without a seed gets one from
+the engine's seeded generator when it is added (the engine's ``seed``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SamplingParams", "sample", "SAMPLING_EPS"]
+
+#: Below this temperature a request is greedy (vLLM's ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+
+
+def _number(name, value, *, integer=False, optional=False):
+    if optional and value is None:
+        return
+    ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+    if not ok:
+        kind = "an int" if integer else "a number"
+        raise TypeError(f"SamplingParams.{name} must be {kind}{' or None' if optional else ''}, "
+                        f"got {type(value).__name__} {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token, and when to stop (vLLM 0.33's names and defaults).
+
+    Args:
+        temperature: 1.0; 0 is greedy (argmax), the rest sample.
+        top_p: 1.0 (no cut): keep the most likely tokens whose mass reaches ``top_p``.
+        top_k: 0 (no cut; -1 too): keep the ``top_k`` most likely tokens.
+        min_p: 0.0: drop tokens less likely than ``min_p`` times the most likely one.
+        seed: None; an int makes this request's draws reproducible.
+        max_tokens: 16 generated tokens at most (None: up to ``max_model_len``).
+        stop: strings that end the output (not included in ``text``).
+        stop_token_ids: token ids that end the output (kept in ``token_ids``).
+        ignore_eos: False; True keeps generating past EOS.
+        skip_special_tokens: True: special tokens are left out of ``text``.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    n: int = field(default=1)
+
+    def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p"):
+            _number(name, getattr(self, name))
+        _number("top_k", self.top_k, integer=True)
+        _number("seed", self.seed, integer=True, optional=True)
+        _number("max_tokens", self.max_tokens, integer=True, optional=True)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 or 0 (disable) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be at least 1, got {self.max_tokens}")
+        if self.n != 1:
+            raise ValueError(f"SamplingParams.n must be 1 here (one output per prompt), got {self.n!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"SamplingParams.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise TypeError(f"SamplingParams.stop must be a str or a list of non-empty str, got {self.stop!r}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        for t in self.stop_token_ids:
+            _number("stop_token_ids[...]", t, integer=True)
+        if self.temperature < SAMPLING_EPS:  # greedy: the cuts change nothing (vLLM resets them too)
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+
+def _signed(c: int) -> int:
+    """A 64-bit constant as the int64 with the same bits (int64 products wrap around)."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(v: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` keeps the sign)."""
+    return (v >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 64-bit integer finaliser (SplitMix64's constants): nearby inputs give unrelated outputs."""
+    x = (x ^ _shr(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _signed(0x94D049BB133111EB)
+    return x ^ _shr(x, 31)
+
+
+def exponential_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exponential(1) noise ``[batch, vocab]``, a pure function of (seed, counter, token id)."""
+    dev = seeds.device
+    key = _mix(_mix(seeds.long()) + counters.long() * _signed(0x9E3779B97F4A7C15))
+    bits = _mix(key[:, None] + torch.arange(vocab, device=dev, dtype=torch.int64)[None, :])
+    uniform = (_shr(bits, 11).double() + 0.5) / float(1 << 53)  # 53 random bits, in (0, 1)
+    return (-torch.log(uniform)).float()
+
+
+def sample(logits: torch.Tensor, temperature, top_p, top_k, min_p, seeds, counters) -> torch.Tensor:
+    """One token per row of ``logits [batch, vocab]`` (float32); every argument a ``[batch]`` tensor.
+
+    Greedy rows (temperature < 1e-5) take the argmax of the raw logits.
+    """
+    greedy = temperature < SAMPLING_EPS
+    argmax = logits.argmax(dim=-1)
+    if bool(greedy.all()):
+        return argmax
+    vocab = logits.shape[-1]
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    probs = scaled.softmax(dim=-1)
+    if bool((min_p > 0).any()):
+        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        scaled = scaled.masked_fill(probs < floor, float("-inf"))
+    k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab))
+    if bool((k < vocab).any() | (top_p < 1.0).any()):
+        ordered, order = scaled.sort(dim=-1, descending=True)
+        keep = torch.arange(vocab, device=logits.device)[None, :] < k[:, None]
+        p = ordered.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+        keep &= (p.cumsum(dim=-1) - p) < top_p[:, None]  # the mass before a token is under top_p
+        scaled = torch.full_like(scaled, float("-inf")).scatter(1, order, ordered.masked_fill(~keep, float("-inf")))
+    probs = scaled.softmax(dim=-1)
+    drawn = (probs / exponential_noise(seeds, counters, vocab)).argmax(dim=-1)
+    return torch.where(greedy, argmax, drawn)

@@ -1,0 +1,178 @@
+"""``ModelConfig``: the shapes of a Llama-family decoder, and its named presets.
+
+Names follow Hugging Face's ``config.json``; ``from_hf_config`` reads one
+(both RoPE styles) and rejects what the decoder cannot run, naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from ..common import check_int
+
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "MODEL_TYPES", "PRESETS"]
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass
+class ModelConfig:
+    """The shapes of a Llama-family decoder, named as in Hugging Face's config.json.
+
+    ``rope_scaling`` is None for plain RoPE, or a dict with ``rope_type``
+    "llama3" and that scheme's four parameters. ``attention_bias`` puts a bias
+    on q/k/v (Qwen2); a Llama checkpoint with ``attention_bias`` also biases
+    o_proj, which ``attention_out_bias`` records.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    eos_token_id: int | list[int] | None = None
+    architecture: str = "LlamaForCausalLM"
+    attention_out_bias: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            check_int(value, f"ModelConfig.{name}", 1)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type")
+            if rope_type != "llama3":
+                raise ValueError(f"rope_scaling type {rope_type!r} is not supported; "
+                                 f"supported: {', '.join(_ROPE_TYPES)}")
+            missing = [k for k in _LLAMA3_KEYS if k not in self.rope_scaling]
+            if missing:
+                raise ValueError(f"llama3 rope_scaling lacks {missing}: {self.rope_scaling}")
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameter count (the tied LM head counted once)."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h + self.attention_bias * (q + 2 * kv) + self.attention_out_bias * h
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_hidden_layers * layer + h + head
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelConfig":
+        """A named configuration: "tiny" (about a million parameters, fast on a CPU)
+        or "llama-3-8b" (Llama 3.1 8B's shapes and its llama3 RoPE scaling)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+        preset = PRESETS[name]
+        return replace(preset, rope_scaling=preset.rope_scaling and dict(preset.rope_scaling))
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> "ModelConfig":
+        """Read a Hugging Face config.json dict, in either RoPE style.
+
+        transformers 5 writes ``rope_parameters`` (holding ``rope_theta`` and
+        ``rope_type``); checkpoints on the hub mostly carry ``rope_theta`` and
+        ``rope_scaling`` (whose type key is ``rope_type`` or the older ``type``).
+        """
+        arch = _architecture(config)
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; the MLP is SwiGLU (silu)")
+        if config.get("mlp_bias"):
+            raise ValueError("mlp_bias=True is not supported: the MLP projections have no bias")
+        if config.get("use_sliding_window"):
+            raise ValueError("use_sliding_window=True is not supported: every layer attends to the full context")
+        if arch == "Qwen2ForCausalLM":  # Qwen2 always biases q/k/v, never o_proj
+            bias, out_bias = True, False
+        else:
+            bias = out_bias = bool(config.get("attention_bias", False))
+        heads = config["num_attention_heads"]
+        theta, scaling = _rope_from_hf(config)
+        # Defaults for absent keys are transformers' LlamaConfig defaults.
+        return cls(
+            config["vocab_size"], config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
+            heads, config.get("num_key_value_heads") or heads, config.get("head_dim") or config["hidden_size"] // heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=scaling,
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), attention_bias=bias,
+            eos_token_id=config.get("eos_token_id"), architecture=arch, attention_out_bias=out_bias)
+
+
+#: architecture -> the ``model_type`` a config.json of it carries.
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _architecture(config: dict) -> str:
+    """The architecture a config.json describes, its ``model_type`` and ``architectures`` agreeing."""
+    model_type, archs = config.get("model_type"), config.get("architectures")
+    if model_type is not None and model_type not in MODEL_TYPES.values():
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES.values())}")
+    if archs:
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {arch!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if model_type is not None and MODEL_TYPES[arch] != model_type:
+            raise ValueError(f"model_type {model_type!r} disagrees with architectures {archs} "
+                             f"(a {arch} has model_type {MODEL_TYPES[arch]!r})")
+    else:  # no architectures: the model_type decides (Llama when neither is given)
+        arch = {t: a for a, t in MODEL_TYPES.items()}.get(model_type, "LlamaForCausalLM")
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise ValueError(f"the config lacks {', '.join(missing)} (is it a Llama-family config.json?)")
+    return arch
+
+
+def _rope_from_hf(config: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from either config.json style."""
+    params = config.get("rope_parameters")
+    if params is not None:
+        if "rope_theta" not in params and params and all(isinstance(v, dict) for v in params.values()):
+            raise ValueError(f"per-layer-type rope_parameters are not supported: {params}")
+        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+        scaling = dict(params)
+    else:
+        theta = config.get("rope_theta", 10000.0)
+        scaling = dict(config.get("rope_scaling") or {})
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    scaling.pop("rope_theta", None)
+    if scaling.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported: RoPE rotates the whole head")
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported; supported: {', '.join(_ROPE_TYPES)}")
+    return theta, (None if rope_type == "default" else {"rope_type": rope_type, **scaling})
+
+
+PRESETS = {
+    # GQA ratio 2 (4 query heads share 2 KV heads); 1.1 M parameters.
+    "tiny": ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                        max_position_embeddings=4096),
+    # meta-llama/Llama-3.1-8B: Llama 3 8B's shapes (the KV budget is the same as
+    # 3.0's) with 3.1's llama3 RoPE scaling to a 128k context.
+    "llama-3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                              head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                              max_position_embeddings=131072, eos_token_id=128001),
+}
+

@@ -1,0 +1,178 @@
+"""Reading a GGUF file: its metadata, its tensor directory, and tensors as float32.
+
+GGUF (llama.cpp's single-file format) is a little-endian header (magic
+``GGUF``, version, tensor count, metadata count), typed key/value metadata
+(the architecture's shapes, the tokenizer's vocabulary and chat template),
+a directory of tensors (name, dims innermost first, element type, offset),
+then the tensor data, aligned to ``general.alignment`` bytes (32 by default).
+
+The header is parsed here with ``struct`` (a 49,152-token vocabulary is read
+in a fraction of a second); quantized blocks are decoded by the ``gguf``
+package's ``gguf.quants.dequantize``, so every type it knows is supported.
+Every way a file can be wrong (not GGUF, cut short, an unknown value type, a
+tensor past the end) raises one ``ValueError`` naming the file, before any
+model is built.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from ..common import cdiv
+
+__all__ = ["GGUFFile", "GGUFTensorInfo", "read_gguf"]
+
+_MAGIC = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+          12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One directory entry: ``shape`` is numpy's order (outermost first), ``nbytes`` its data size."""
+
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int  # from the start of the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        from gguf import GGMLQuantizationType
+
+        try:
+            return GGMLQuantizationType(self.type_id).name
+        except ValueError:
+            return f"type {self.type_id}"
+
+
+class _Cursor:
+    """Sequential little-endian reads over the file's bytes; running off the end is a truncation."""
+
+    def __init__(self, data: np.ndarray, path: Path):
+        self.data, self.pos, self.path = memoryview(data), 0, path  # a memoryview slices without copying
+
+    def unpack(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise ValueError(f"{self.path} is truncated: the GGUF header ends at byte {len(self.data)}")
+        value = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        if self.pos + n > len(self.data):
+            raise ValueError(f"{self.path} is truncated: the GGUF header ends at byte {len(self.data)}")
+        s = bytes(self.data[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, type_id: int, key: str):
+        if type_id in _SCALARS:
+            return self.unpack(_SCALARS[type_id])
+        if type_id == _STRING:
+            return self.string()
+        if type_id == _ARRAY:
+            elem, n = self.unpack("<I"), self.unpack("<Q")
+            if elem in _NUMPY:  # numbers in one read
+                size = np.dtype(_NUMPY[elem]).itemsize * n
+                if self.pos + size > len(self.data):
+                    raise ValueError(f"{self.path} is truncated: the GGUF header ends at byte {len(self.data)}")
+                arr = np.frombuffer(self.data, dtype=_NUMPY[elem], count=n, offset=self.pos).tolist()
+                self.pos += size
+                return arr
+            return [self.value(elem, key) for _ in range(n)]
+        raise ValueError(f"{self.path}: metadata {key!r} has an unknown GGUF value type {type_id}")
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF file: ``metadata`` (key -> value) and ``tensors`` (name -> info); data read on demand."""
+
+    path: Path
+    version: int
+    metadata: dict
+    tensors: dict[str, GGUFTensorInfo]
+    _data: np.ndarray  # the whole file, memory-mapped
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as uint8 ``[rows, bytes per row]`` (rows: every dim but the innermost)."""
+        t = self.tensors[name]
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
+        return self._data[t.offset:t.offset + t.nbytes].reshape(rows, t.nbytes // rows)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor dequantized to a float32 array of its shape."""
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        return np.asarray(dequantize(self.raw(name), t.type_id), dtype=np.float32).reshape(t.shape)
+
+
+def _quant_sizes(type_id: int, name: str, path: Path) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a tensor type the ``gguf`` package can dequantize."""
+    from gguf import GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    try:
+        qtype = GGMLQuantizationType(type_id)
+        block, size = GGML_QUANT_SIZES[qtype]
+        dequantize(np.zeros((1, size), dtype=np.uint8), qtype)  # raises where gguf has no decoder
+    except (ValueError, KeyError, NotImplementedError):
+        kind = GGUFTensorInfo(name, (), type_id, 0, 0).type_name
+        raise ValueError(f"{path}: tensor {name!r} has type {kind}, which the gguf package cannot dequantize; "
+                         f"supported types include F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K") from None
+    return block, size
+
+
+def read_gguf(path) -> GGUFFile:
+    """Parse ``path``'s header and tensor directory (no tensor data is read yet).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a GGUF file, an unsupported version, a truncated file,
+            or a tensor whose type the ``gguf`` package cannot dequantize.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+    if bytes(data[:4]) != _MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, not b'GGUF'")
+    cur = _Cursor(data, path)
+    cur.pos = 4
+    version = cur.unpack("<I")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    num_tensors, num_kv = cur.unpack("<Q"), cur.unpack("<Q")
+    metadata = {}
+    for _ in range(num_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.unpack("<I"), key)
+    infos = []
+    for _ in range(num_tensors):
+        name = cur.string()
+        dims = [cur.unpack("<Q") for _ in range(cur.unpack("<I"))]
+        infos.append((name, tuple(reversed(dims)), cur.unpack("<I"), cur.unpack("<Q")))
+    align = int(metadata.get("general.alignment", 32))
+    start = cdiv(cur.pos, align) * align
+    tensors = {}
+    for name, shape, type_id, offset in infos:
+        block, size = _quant_sizes(type_id, name, path)
+        count = int(np.prod(shape, dtype=np.int64))
+        if shape and shape[-1] % block:
+            raise ValueError(f"{path}: tensor {name!r} rows of {shape[-1]} are not whole blocks of {block}")
+        info = GGUFTensorInfo(name, shape, type_id, start + offset, count // block * size)
+        if info.offset + info.nbytes > len(data):
+            raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {info.offset + info.nbytes:,}, "
+                             f"the file has {len(data):,} bytes")
+        tensors[name] = info
+    return GGUFFile(path, version, metadata, tensors, data)

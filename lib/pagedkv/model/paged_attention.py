@@ -1,0 +1,103 @@
+"""Paged attention for the whole batch at once in PyTorch: the model's CPU path.
+
+The reference ``kernels.paged_attention_ref`` gathers and attends request by
+request (a Python loop per layer) and expands K/V for grouped-query heads
+with ``repeat_interleave``. Here one plan per step, shared by every layer,
+turns the ragged batch into rectangles:
+
+* **Keys.** Each request's first ``cols`` table entries (enough for the
+  longest sequence) are gathered at once: ``key_cache[block_ids]`` is
+  ``[num_reqs, cols * block_size, kv_heads, head_dim]``.
+* **Queries.** Tokens are scattered into ``[num_reqs, max_query_len]`` rows
+  (a decode-only step is already that shape: one token per request).
+* **Mask.** Query ``i`` of request ``r`` sees keys ``0 .. seq_len - q_len + i``
+  (causal within the chunk, everything before it): one boolean tensor.
+
+Then one ``scaled_dot_product_attention(..., enable_gqa=True)`` per layer:
+the query heads of a group share their KV head without a copy. Padding
+queries see key 0 only (never an empty row) and are dropped afterwards;
+padding keys are masked, so stale blocks in unused table columns are read but
+never weigh. Same numbers as the reference up to summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from ..common import cdiv
+
+__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv"]
+
+
+@dataclass
+class BatchPlan:
+    """What every layer of one step shares (built once by ``plan_batch``)."""
+
+    num_reqs: int
+    max_query_len: int
+    block_ids: torch.Tensor  # int64 [num_reqs, cols], clamped into the pool
+    mask: torch.Tensor  # bool [num_reqs, 1, max_query_len, cols * block_size]
+    query_index: torch.Tensor | None  # int64 [num_tokens] into the [num_reqs * max_query_len] rows; None: identity
+    write_slots: torch.Tensor  # int64 slots of the tokens that write (slot_mapping >= 0)
+    write_index: torch.Tensor | None  # int64 positions of those tokens; None: every token writes
+
+
+def plan_batch(meta, num_blocks: int, block_size: int, num_tokens: int) -> BatchPlan:
+    """The step's gather indices, query layout and mask from its ``AttentionMetadata``."""
+    seq_lens = meta.seq_lens.long()
+    qsl = meta.query_start_loc.long()
+    num_reqs = seq_lens.shape[0]
+    if qsl.shape != (num_reqs + 1,) or meta.block_table.shape[0] < num_reqs:
+        raise ValueError(f"metadata disagree: {num_reqs} seq_lens, {qsl.shape[0]} query_start_loc entries, "
+                         f"{meta.block_table.shape[0]} table rows")
+    q_lens = qsl[1:] - qsl[:-1]
+    if int(qsl[-1]) != num_tokens or bool((q_lens < 0).any()) or bool((q_lens > seq_lens).any()):
+        raise ValueError(f"query_start_loc {qsl.tolist()} does not split {num_tokens} tokens into queries "
+                         f"no longer than seq_lens {seq_lens.tolist()}")
+    max_q = int(q_lens.max()) if num_reqs else 0
+    cols = cdiv(int(seq_lens.max()), block_size) if num_reqs else 0
+    if cols > meta.block_table.shape[1]:
+        raise ValueError(f"seq_lens need {cols} table columns, the block table has {meta.block_table.shape[1]}")
+    block_ids = meta.block_table[:num_reqs, :cols].long().clamp(0, num_blocks - 1)
+    device = seq_lens.device
+    # Query i of request r sees keys j <= seq_len - q_len + i (padding rows: key 0 only).
+    last = (seq_lens - q_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
+    mask = torch.arange(cols * block_size, device=device)[None, None, :] <= last.clamp(min=0)[:, :, None]
+    query_index = None
+    if max_q != 1 or num_tokens != num_reqs:
+        req = torch.repeat_interleave(torch.arange(num_reqs, device=device), q_lens)
+        query_index = req * max_q + torch.arange(num_tokens, device=device) - qsl[:-1][req]
+    real = meta.slot_mapping >= 0
+    all_real = bool(real.all())
+    return BatchPlan(num_reqs, max_q, block_ids, mask.unsqueeze(1), query_index,
+                     meta.slot_mapping if all_real else meta.slot_mapping[real],
+                     None if all_real else real.nonzero().squeeze(1))
+
+
+def write_kv(k, v, key_cache, value_cache, plan: BatchPlan) -> None:
+    """This step's K/V into their slots (the slot mapping was validated once, by the first layer)."""
+    if plan.write_index is not None:
+        k, v = k.index_select(0, plan.write_index), v.index_select(0, plan.write_index)
+    heads, dim = k.shape[1:]
+    key_cache.view(-1, heads, dim).index_copy_(0, plan.write_slots, k)
+    value_cache.view(-1, heads, dim).index_copy_(0, plan.write_slots, v)
+
+
+def batched_paged_attention(q, key_cache, value_cache, plan: BatchPlan, scale: float) -> torch.Tensor:
+    """Attention of ``q [num_tokens, heads, head_dim]`` over the paged cache; same shape out."""
+    if plan.num_reqs == 0:
+        return torch.empty_like(q)
+    num_tokens, heads, dim = q.shape
+    keys = key_cache[plan.block_ids].flatten(1, 2).transpose(1, 2)  # [reqs, kv_heads, len, dim]
+    values = value_cache[plan.block_ids].flatten(1, 2).transpose(1, 2)
+    if plan.query_index is None:  # decode only: one query per request, in request order
+        rows = q.unsqueeze(2)  # [reqs, heads, 1, dim]
+    else:
+        rows = q.new_zeros(plan.num_reqs * plan.max_query_len, heads, dim).index_copy_(0, plan.query_index, q)
+        rows = rows.unflatten(0, (plan.num_reqs, plan.max_query_len)).transpose(1, 2)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=plan.mask, scale=scale,
+                                         enable_gqa=heads != keys.shape[1])
+    out = out.transpose(1, 2).flatten(0, 1)  # [reqs * max_query_len, heads, dim]
+    return out if plan.query_index is None else out.index_select(0, plan.query_index)
