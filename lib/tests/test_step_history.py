@@ -58,6 +58,18 @@ def test_kv_usage_figure_marks_first_preemption(run):
         kv_usage_figure(history, labels=["a", "b"])
 
 
+def test_kv_usage_figure_marks_every_event_with_all(run):
+    _, history = run
+    fig = kv_usage_figure(history, mark="all")
+    lines = {line.get_label(): line for line in fig.axes[0].lines}
+    preempted = [s for s, kind, _ in history.events() if kind == "preempted"]
+    resumed = [s for s, kind, _ in history.events() if kind == "resumed"]
+    assert list(lines[f"preempted ({len(preempted)})"].get_xdata()) == preempted
+    assert list(lines[f"resumed ({len(resumed)})"].get_xdata()) == resumed
+    with pytest.raises(ValueError, match="mark"):
+        kv_usage_figure(history, mark="some")
+
+
 def test_vllm_default_limits():
     assert vllm_default_limits("LLM") == (256, 8192)
     assert vllm_default_limits("serve") == (256, 2048)

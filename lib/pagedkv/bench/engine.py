@@ -39,40 +39,9 @@ from pagedkv.engine.sizing import determine_num_blocks
 from pagedkv.model import (SMOLLM2_INSTALL, Model, ModelConfig, load_gguf, load_gguf_tokenizer, smollm2_available,
                            smollm2_path)
 from pagedkv.common import cdiv
+from pagedkv.model.transformers_twin import transformers_twin
 
 BATCHES = (1, 16, 64)
-
-
-def hf_model_from_ours(model: Model):
-    """A transformers ``LlamaForCausalLM`` whose parameters *are* ours (no copy), or None without transformers."""
-    try:
-        import transformers
-    except ImportError:
-        return None
-    c = model.config
-    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
-    if c.rope_scaling:
-        rope = {**c.rope_scaling, "rope_theta": c.rope_theta}
-    hf_config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-        rope_parameters=rope, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf_config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        hf = transformers.LlamaForCausalLM(hf_config)
-    state = {("lm_head.weight" if name == "lm_head.weight" else "model." + name): p
-             for name, p in model.named_parameters()}
-    missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
-    if unexpected or [k for k in missing if "rotary" not in k and not (c.tie_word_embeddings and "lm_head" in k)]:
-        raise RuntimeError(f"weights do not map onto transformers: missing {missing}, unexpected {unexpected}")
-    # Non-persistent buffers (RoPE frequencies) are still on the meta device: rebuild them for real.
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_config).to(model.device)
-    if c.tie_word_embeddings:
-        hf.tie_weights()
-    return hf.to(model.device).eval()
 
 
 def _sync() -> None:
@@ -99,7 +68,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 def throughput(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, batches=BATCHES,
                repeats: int = 3, say=print) -> list[dict]:
     """Generated tokens/s of our engine and of transformers' ``generate`` at each batch size."""
-    hf = hf_model_from_ours(model)
+    hf = transformers_twin(model)
     if hf is None:
         say("transformers is not installed: the Hugging Face comparison is skipped")
     engine = LLMEngine(args, model)
@@ -162,7 +131,7 @@ def real_model_throughput(model: Model, tokenizer, max_tokens: int = 64, repeats
     figure is the best of ``repeats`` runs, alternating ours and theirs so
     that a noisy machine hits both alike.
     """
-    hf = hf_model_from_ours(model)
+    hf = transformers_twin(model)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True)
                for q in CHAT_QUESTIONS]
     per_request = cdiv(max(map(len, prompts)) + max_tokens, 16)  # blocks of 16 for the longest request

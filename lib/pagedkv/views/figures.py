@@ -228,7 +228,7 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
 
 
 def kv_usage_figure(history, labels: Sequence[str] | None = None, title: str = "KV cache usage",
-                    mark: bool = True) -> Figure:
+                    mark: bool | str = True) -> Figure:
     """KV usage (%) against engine step, one line per run, preemptions and resumes marked.
 
     Args:
@@ -237,8 +237,12 @@ def kv_usage_figure(history, labels: Sequence[str] | None = None, title: str = "
         labels: one legend label per history (default ``run 1``, ``run 2``, ...).
         title: the axes title.
         mark: mark the first preemption (red triangle) and the first resume
-            (green circle) of each run, with the step number beside it.
+            (green circle) of each run, with the step number beside it;
+            ``"all"``: mark every preemption and every resume, unlabelled (a
+            key says which is which); ``False``: no marks.
     """
+    if mark not in (True, False, "all"):
+        raise ValueError(f"mark must be True, False or 'all', got {mark!r}")
     runs = [history] if hasattr(history, "records") else list(history)
     if not runs:
         raise ValueError("history must hold at least one StepHistory, got an empty sequence")
@@ -251,6 +255,12 @@ def kv_usage_figure(history, labels: Sequence[str] | None = None, title: str = "
         if not mark:
             continue
         usage = dict(zip(run.steps, run.usage))
+        if mark == "all":
+            for kind, marker, colour in (("preempted", "v", "#d7191c"), ("resumed", "o", "#1a9641")):
+                steps = [step for step, k, _ in run.events() if k == kind]
+                ax.plot(steps, [usage[s] * 100 for s in steps], marker, color=colour, ms=6, ls="none",
+                        label=f"{kind} ({len(steps)})")
+            continue
         for kind, marker, colour in (("preempted", "v", "#d7191c"), ("resumed", "o", "#1a9641")):
             first = run.first(kind)
             if first is not None:
