@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from .._device import INTERPRETED, on_gpu, require_kernel_device
+from .residency import MAX_SPLITS, SM_LIMITS, SMLimits, choose_splits, resident_programs, split_rule
 from .tensor_checks import check_tensor_args
 from ..common import cdiv
 
@@ -81,7 +82,6 @@ __all__ = [
 ]
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_SPLITS = 64
 
 
 @triton.jit
@@ -323,41 +323,6 @@ class AttentionPlan:
     num_stages: int = 3  # K/V tiles the compiler's pipeliner may keep in flight
 
 
-@dataclass(frozen=True)
-class SMLimits:
-    """What one streaming multiprocessor offers the programs resident on it."""
-
-    registers: int  # 32-bit registers per SM
-    shared_bytes: int  # shared memory per SM
-    shared_per_block: int  # the most one program may opt in to
-    threads: int  # resident threads per SM
-    blocks: int  # resident programs per SM, whatever their size
-
-
-# CUDA C Programming Guide, "Technical Specifications per Compute Capability";
-# 1 KB of every program's shared memory is reserved by the driver.
-SM_LIMITS = {
-    80: SMLimits(65536, 167_936, 166_912, 2048, 32),  # A100
-    90: SMLimits(65536, 233_472, 232_448, 2048, 32),  # H100 / H200
-}
-_RESERVED_SHARED = 1024
-
-
-def resident_programs(n_regs: int, shared_bytes: int, num_warps: int, limits: SMLimits) -> int:
-    """Programs of one compiled kernel that fit on one SM at once (0: it cannot launch).
-
-    The least of four limits: registers (allocated per warp in units of 256),
-    shared memory (plus the reserved 1 KB per program), threads, programs.
-    """
-    if shared_bytes > limits.shared_per_block:
-        return 0
-    regs_per_warp = cdiv(max(n_regs, 1) * 32, 256) * 256
-    by_regs = (limits.registers // regs_per_warp) // num_warps
-    by_shared = limits.shared_bytes // (shared_bytes + _RESERVED_SHARED)
-    by_threads = limits.threads // (32 * num_warps)
-    return min(by_regs, by_shared, by_threads, limits.blocks)
-
-
 # Tiles per (decode?, element size, head_dim): (tile_n, num_warps, num_stages).
 # Chosen from the compile report (tools/compile_check.py): every entry fits
 # the shared memory of an A100 and an H200, and 2-byte types do not spill on
@@ -377,30 +342,6 @@ def _tile_config(decode: bool, elem_bytes: int, head_dim: int) -> tuple[int, int
 @functools.cache
 def _num_sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
-
-
-def split_rule(resident_per_sm: int | None = None, num_sms: int | None = None) -> str:
-    """One paragraph: how ``plan_attention`` chooses ``num_splits``, with this GPU's figures if given."""
-    where = ""
-    if resident_per_sm is not None and num_sms is not None:
-        where = (f" Here: {resident_per_sm} programs per SM x {num_sms} SMs = "
-                 f"{resident_per_sm * num_sms} resident programs.")
-    return ("Split-KV is chosen from the GPU's resident capacity: how many programs of the "
-            "compiled kernel fit on one SM at once (the least of what its registers, its shared "
-            "memory, its threads and the 32-program limit allow), times the number of SMs. A grid "
-            "with fewer programs than that leaves the GPU partly idle, so for sequences of at least "
-            "2,048 tokens each query tile's keys are cut into enough segments to fill the resident "
-            "capacity, with at least four key tiles per segment and at most "
-            f"{_MAX_SPLITS} segments; a grid that already fills it is not split. On a CPU the "
-            "kernel runs in the interpreter and never splits." + where)
-
-
-def choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: int) -> int:
-    """Split the keys only when the grid cannot fill the resident capacity and sequences are long."""
-    if max_seq_len < 2048 or num_programs >= capacity:
-        return 1
-    wanted = cdiv(capacity, num_programs)
-    return max(1, min(wanted, max_seq_len // (4 * tile_n), _MAX_SPLITS))
 
 
 def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_lens: list[int],
@@ -431,8 +372,8 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
                               "assuming one resident program per SM", RuntimeWarning, stacklevel=2)
                 capacity = _num_sms()
             num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
-    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= _MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int from 1 to {_MAX_SPLITS} or None, got {num_splits!r}")
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int from 1 to {MAX_SPLITS} or None, got {num_splits!r}")
     grid = (len(q_lens), num_kv_heads, num_q_tiles * num_splits)
     return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid, num_warps, num_stages)
 
