@@ -231,8 +231,15 @@ def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
     """Check everything the kernel trusts; return host copies of the metadata.
 
     Returns ``(seq_lens, query_start_loc)`` as Python lists (the launch needs the
-    longest query to size the grid).
+    longest query to size the grid). First the tensors' shapes and dtypes, then
+    the metadata's values: the lengths and every block id a request will read.
     """
+    _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+    return _validate_metadata(q.shape[0], key_cache.shape, block_table, seq_lens, query_start_loc)
+
+
+def _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+    """Types, shapes and dtypes of every argument (nothing read from the device)."""
     named = {"q": q, "key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
              "seq_lens": seq_lens, "query_start_loc": query_start_loc}
     check_tensor_args(named)
@@ -275,6 +282,11 @@ def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float, got {scale!r}")
 
+
+def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_start_loc):
+    """The metadata's values: monotone query starts, lengths that fit the table, valid block ids."""
+    num_blocks, block_size = cache_shape[0], cache_shape[1]
+    num_reqs = block_table.shape[0]
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     if qsl[0] != 0:
