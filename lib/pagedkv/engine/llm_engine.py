@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..common import check_bool, check_int
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
 from .request import EngineRequest, RequestOutput
@@ -160,12 +161,8 @@ class LLMEngine:
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"the prompt ({len(token_ids)} tokens) plus at least one generated token does not "
                              f"fit max_model_len={self.max_model_len}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
-            raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__} {max_tokens!r}")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if not isinstance(ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be True or False, got {type(ignore_eos).__name__} {ignore_eos!r}")
+        check_int(max_tokens, "max_tokens", 1)
+        check_bool(ignore_eos, "ignore_eos")
 
     def abort_request(self, request_id: str) -> None:
         """Stop an unfinished request now (KeyError if it is not one); its blocks return to the pool.

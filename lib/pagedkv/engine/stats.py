@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..common import check_int
+
 __all__ = ["EngineStats", "StatsCollector", "StepRecord", "StepHistory"]
 
 
@@ -157,10 +159,8 @@ class StepHistory:
     """
 
     def __init__(self, max_steps: int | None = None) -> None:
-        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)):
-            raise TypeError(f"max_steps must be an int or None, got {type(max_steps).__name__} {max_steps!r}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if max_steps is not None:
+            check_int(max_steps, "max_steps", 1)
         self.max_steps = max_steps
         self.records: list[StepRecord] = []
         self._unsubscribe = None
