@@ -1,4 +1,4 @@
-"""The book's benchmarks page, rendered from the committed GPU report.
+"""The book's benchmarks page, rendered from the committed GPU, CPU and compile reports.
 
     python -m pagedkv.bench._report [REPORT_JSON] [PAGE_MD]
 
@@ -7,9 +7,10 @@ into one JSON file (one key per benchmark). Committed as
 ``book/gpu_report.json``, it becomes ``book/benchmarks.md`` through this
 module; a test checks that the committed page is exactly what this renders,
 so no figure on the page is typed by hand. Until a GPU run is committed the
-page says that the figures are pending. The compile report
-(``book/compile_report.json``, from ``tools/compile_check.py``) follows, GPU
-run or not.
+page says that the figures are pending. The engine's run on a CPU
+(``book/cpu_report.json``, from ``python -m pagedkv.bench engine --json``) and
+the compile report (``book/compile_report.json``, from
+``tools/compile_check.py``) follow, GPU run or not.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from pathlib import Path
 REPORT_JSON = "book/gpu_report.json"
 PAGE_MD = "book/benchmarks.md"
 COMPILE_JSON = "book/compile_report.json"  # written by tools/compile_check.py --write
+CPU_JSON = "book/cpu_report.json"  # written by python -m pagedkv.bench engine --json book/cpu_report.json
 
-_INTRO = """# Benchmarks on a GPU
+_INTRO = """# Benchmarks
 
-The figures on this page come from one run of `.ci/gpu-check.sh` (or
+The GPU figures on this page come from one run of `.ci/gpu-check.sh` (or
 `make gpu`) on a CUDA machine: its benchmarks write `book/gpu_report.json`,
 and `python -m pagedkv.bench._report` renders this page from it. Times are
 medians of CUDA-event timings after a warm-up; every comparison is a ratio
 taken in the same run. On a CPU the kernels run in Triton's interpreter,
-whose speed says nothing about a GPU, so no CPU timing appears here.
+whose speed says nothing about a GPU, so no CPU kernel timing appears here;
+the engine on a CPU has its own section, from `book/cpu_report.json`.
 """
 
 
@@ -70,8 +73,8 @@ def _attention(section: dict) -> list[str]:
     return lines
 
 
-def _engine(section: dict) -> list[str]:
-    lines = ["## The serving engine", "", "```text"]
+def _engine(section: dict, title: str = "## The serving engine") -> list[str]:
+    lines = [title, "", "```text"]
     lines += [str(line) for line in section.get("lines", [])]
     lines += ["```", ""]
     return lines
@@ -116,7 +119,7 @@ def _compile(report: dict) -> list[str]:
     return lines + [""]
 
 
-def render(report: dict | None, compile_report: dict | None = None) -> str:
+def render(report: dict | None, compile_report: dict | None = None, cpu_report: dict | None = None) -> str:
     lines = [_INTRO]
     if not report:
         lines.append("```{note}\nNo GPU run has been committed yet: the figures are pending. "
@@ -127,6 +130,8 @@ def render(report: dict | None, compile_report: dict | None = None) -> str:
             lines += _attention(report["attention"])
         if "engine" in report:
             lines += _engine(report["engine"])
+    if cpu_report and "engine" in cpu_report:
+        lines += _engine(cpu_report["engine"], "## The serving engine on a CPU")
     if compile_report:
         lines += _compile(compile_report)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -136,9 +141,9 @@ def main(argv: list[str]) -> int:
     report_path = Path(argv[0] if argv else REPORT_JSON)
     page_path = Path(argv[1] if len(argv) > 1 else PAGE_MD)
     report = json.loads(report_path.read_text()) if report_path.exists() else None
-    compile_path = Path(COMPILE_JSON)
-    compiled = json.loads(compile_path.read_text()) if compile_path.exists() else None
-    page_path.write_text(render(report, compiled))
+    compiled, on_cpu = (json.loads(Path(p).read_text()) if Path(p).exists() else None
+                         for p in (COMPILE_JSON, CPU_JSON))
+    page_path.write_text(render(report, compiled, on_cpu))
     print(f"wrote {page_path} from {report_path if report else 'no report (figures pending)'}")
     return 0
 

@@ -25,6 +25,7 @@ Two forward passes share every layer and differ only in attention:
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -34,6 +35,7 @@ from torch import nn
 
 from .._device import default_device
 from .config import ModelConfig
+from .cpu_linear import PackedLinear, plain_products
 from .paged_attention import batched_paged_attention, plan_batch, write_kv
 from ..common import check_int
 
@@ -108,12 +110,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_out_bias)
+        self.qkv, self.o = PackedLinear(self.q_proj, self.k_proj, self.v_proj), PackedLinear(self.o_proj)
 
     def forward(self, x, cos, sin, attend):
-        q = apply_rope(self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), cos, sin)
-        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        return self.o_proj(attend(q, k, v).flatten(-2))  # attend: [..., heads, head_dim] out
+        h, kv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(x).unflatten(-1, (h + 2 * kv, self.head_dim))  # q, k and v heads side by side
+        qk = apply_rope(qkv[..., :h + kv, :], cos, sin)  # RoPE turns q and k alike: one call for both
+        q, k, v = qk[..., :h, :], qk[..., h:, :], qkv[..., h + kv:, :]
+        return self.o(attend(q, k, v).flatten(-2))  # attend: [..., heads, head_dim] out
 
 
 class MLP(nn.Module):
@@ -124,9 +128,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up, self.down = PackedLinear(self.gate_proj, self.up_proj), PackedLinear(self.down_proj)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -187,6 +193,7 @@ class Model(nn.Module):
                             else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.to(dtype).to_empty(device=default_device() if device is None else device)
         self.scale = config.head_dim ** -0.5
+        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, one_row_copy=False)
         self.inv_freq = rope_inv_freq(config)  # fp32 on the CPU; a plain attribute, so .to(bf16) cannot round it
         if seed is not None:
             self._init_weights(seed)
@@ -253,14 +260,15 @@ class Model(nn.Module):
 
         def paged(key_cache, value_cache, q, k, v):  # [num_tokens, heads, head_dim] each
             nonlocal plan
-            k, v, q = k.contiguous(), v.contiguous(), q.contiguous()
             args = (key_cache, value_cache, m.block_table, m.seq_lens, m.query_start_loc, self.scale)
+            if kernel_backend != "torch":  # the kernels and their references take dense tensors
+                k, v, q = k.contiguous(), v.contiguous(), q.contiguous()
             if kernel_backend == "torch-ref":  # the references, request by request, every layer
                 write(k, v, key_cache, value_cache, m.slot_mapping)
                 return attend(q, *args)
-            if kernel_backend == "torch":  # the whole batch at once (paged_attention.py)
-                if plan is None:
-                    write(k, v, key_cache, value_cache, m.slot_mapping)  # validates the slot mapping
+            if kernel_backend == "torch":  # the whole batch at once (paged_attention.py), strided views welcome
+                if plan is None:  # the reference write validates the slot mapping, on dense copies
+                    write(k.contiguous(), v.contiguous(), key_cache, value_cache, m.slot_mapping)
                     plan = plan_batch(m, key_cache.shape[0], key_cache.shape[1], q.shape[0])
                 else:
                     write_kv(k, v, key_cache, value_cache, plan)
@@ -278,7 +286,12 @@ class Model(nn.Module):
         return self.norm(x)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The reference path: ``[batch, seq]`` token ids (no padding) to hidden ``[batch, seq, hidden_size]``."""
+        """The reference path: ``[batch, seq]`` token ids (no padding) to hidden ``[batch, seq, hidden_size]``.
+
+        No cache, one causal SDPA per layer. Its products are the CPU's packed
+        ones unless run inside ``cpu_linear.plain_products()``, as
+        ``dense_logits`` does by default.
+        """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         vocab = self.config.vocab_size
@@ -300,15 +313,20 @@ class Model(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[..., hidden_size]`` to float32 logits ``[..., vocab_size]``."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.head(hidden).float()
 
 
 @torch.no_grad()
-def dense_logits(model: Model, token_lists) -> list[torch.Tensor]:
-    """Reference logits, one float32 ``[len, vocab]`` per token list (each run alone: no padding)."""
+def dense_logits(model: Model, token_lists, plain: bool = True) -> list[torch.Tensor]:
+    """Reference logits, one float32 ``[len, vocab]`` per token list (each run alone: no padding).
+
+    ``plain``: transformers' own products, ``F.linear`` (the reference the
+    tests hold the engine to); False: the CPU's packed products, as the engine
+    serves (``cpu_linear``), which round differently.
+    """
     out = []
     for tokens in token_lists:
         ids = torch.as_tensor(list(tokens), dtype=torch.int64, device=model.device)[None]
-        out.append(model.compute_logits(model.forward_dense(ids))[0])
+        with plain_products() if plain else nullcontext():
+            out.append(model.compute_logits(model.forward_dense(ids))[0])
     return out
