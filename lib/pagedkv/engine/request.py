@@ -138,7 +138,7 @@ class EngineRequest(Request):
         ``max_model_len``); ``stop`` strings are checked on the text last.
         ``min_tokens`` needs no test here for EOS and stop ids: the sampler
         masked them until then (vLLM's ``check_stop`` relies on the same mask,
-        ``vllm/v1/core/sched/utils.py``, lines 100-126); stop strings are
+        ``vllm/v1/core/sched/utils.py``, lines 98-126); stop strings are
         searched only in the text after the first ``min_tokens`` tokens.
         """
         last = self.output_token_ids[-1]
