@@ -474,6 +474,33 @@ def test_abort_frees_blocks_and_reports_abort(model):
     assert {o.finish_reason for o in engine.step()} == {"abort"}
 
 
+def test_n_children_share_the_prompt_blocks_through_the_prefix_cache(model):
+    """n=4 samples of one prompt hold its full blocks once (ref_cnt 4) plus a tail block each.
+
+    The last prompt token is always recomputed (a hit stops at num_tokens - 1, as vLLM's
+    ``max_cache_hit_length``), so a 64-token prompt at block size 16 shares 3 blocks and each
+    child recomputes the 4th into its own; a 65-token prompt shares all 4.
+    """
+    from pagedkv.engine import SamplingParams
+
+    for prompt_len, shared in ((64, 3), (65, 4)):
+        engine = LLMEngine(tiny_args(block_size=16, num_gpu_blocks_override=64, max_model_len=128,
+                                     max_num_batched_tokens=512), model)
+        engine.add_request("P", list(range(1, prompt_len + 1)),
+                           sampling_params=SamplingParams(n=4, seed=0, max_tokens=4, ignore_eos=True))
+        engine.step()  # all four children admitted in one step, one after the other
+        manager = engine.kv_cache_manager
+        rows = [manager.get_block_ids(f"{i}_P") for i in range(4)]
+        assert all(r[:shared] == rows[0][:shared] for r in rows)
+        assert [manager.block_pool.blocks[b].ref_cnt for b in rows[0][:shared]] == [4] * shared
+        tails = [b for r in rows for b in r[shared:]]
+        assert len(tails) == 4 and len(set(tails)) == 4  # one block of its own per child
+        assert all(manager.block_pool.blocks[b].ref_cnt == 1 for b in tails)
+        assert manager.get_num_free_blocks() == 63 - shared - 4
+        run_all(engine)
+        assert manager.get_num_free_blocks() == 63
+
+
 # --------------------------------------------------------------------------- randomized run
 
 

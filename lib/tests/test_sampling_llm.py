@@ -41,6 +41,8 @@ def test_sampling_params_defaults_are_vllms():
     assert (p.stop, p.stop_token_ids, p.ignore_eos, p.skip_special_tokens) == ([], [], False, True)
     assert not p.greedy and SamplingParams(temperature=0).greedy
     assert SamplingParams(temperature=0, top_k=5, top_p=0.5).top_k == 0  # greedy resets the cuts, as vLLM
+    assert (p.n, p.min_tokens, p.logprobs) == (1, 0, None)
+    assert SamplingParams(logprobs=True).logprobs == 1  # as vLLM reads it
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -54,6 +56,14 @@ def test_sampling_params_defaults_are_vllms():
     (dict(seed="1"), TypeError, "seed must be an int or None"),
     (dict(stop=[""]), TypeError, "stop must be a str or a list of non-empty str"),
     (dict(ignore_eos=1), TypeError, "ignore_eos must be True or False"),
+    (dict(min_tokens=-1), ValueError, "min_tokens must be >= 0, got -1"),
+    (dict(min_tokens=5, max_tokens=4), ValueError, "min_tokens must be <= max_tokens=4, got 5"),
+    (dict(min_tokens=1.5), TypeError, "min_tokens must be an int, got float 1.5"),
+    (dict(logprobs=-2), ValueError, r"logprobs must be >= 0, or -1 \(the whole vocabulary\), got -2"),
+    (dict(logprobs="3"), TypeError, "logprobs must be an int or None, got str '3'"),
+    (dict(n=0), ValueError, "n must be at least 1, got 0"),
+    (dict(n=2.0), TypeError, "n must be an int, got float 2.0"),
+    (dict(n=2, temperature=0), ValueError, "n must be 1 when using greedy sampling"),
 ])
 def test_sampling_params_reject_bad_values(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -225,3 +235,149 @@ def test_llm_api_on_a_model_object(model):
         llm.chat([{"role": "user", "content": "hi"}])
     with pytest.raises(FileNotFoundError, match="neither a .gguf file"):
         LLM("no/such/model")
+
+
+# --------------------------------------------------------------------------- min_tokens
+def test_min_tokens_masks_stop_tokens_for_greedy_and_sampled_rows_only(model):
+    prompt = _prompts(1, seed=6)[0]
+    allowed = set(range(10))
+    stop = [t for t in range(512) if t not in allowed]  # nearly every token ends the output
+    rows = [SamplingParams(temperature=0, stop_token_ids=stop, min_tokens=4, max_tokens=8),
+            SamplingParams(temperature=1.0, seed=1, stop_token_ids=stop, min_tokens=4, max_tokens=8),
+            SamplingParams(temperature=1.0, seed=2, stop_token_ids=stop, max_tokens=8)]
+    greedy, sampled, free = LLMEngine(_args(), model).generate([prompt] * 3, sampling_params=rows)
+    for out in (greedy, sampled):  # the first 4 tokens could only be the 10 allowed ones
+        assert len(out.token_ids) >= 4 and set(out.token_ids[:4]) <= allowed
+    assert len(free.token_ids) == 1 and free.finish_reason == "stop"  # the mask stays on its rows
+    # EOS is masked too, even with ignore_eos (vLLM masks every stop id, EOS included).
+    m = Model(ModelConfig.preset("tiny"), seed=0, device="cpu")
+    first = LLMEngine(_args(), m).generate([prompt], max_tokens=1)[0].token_ids[0]
+    m.config.eos_token_id = first
+    engine = LLMEngine(_args(), m)
+    assert engine.generate([prompt], max_tokens=5)[0].token_ids == [first]
+    for ignore_eos in (False, True):
+        out = engine.generate([prompt], sampling_params=SamplingParams(
+            temperature=0, min_tokens=3, max_tokens=5, ignore_eos=ignore_eos))[0]
+        assert len(out.token_ids) >= 3 and first not in out.token_ids[:3]
+
+
+def test_min_tokens_stop_strings_count_only_after_the_minimum(model):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(["[UNK]"] + [f"w{i}" for i in range(511)])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece()
+    engine = LLMEngine(_args(), model, tokenizer=tok)
+    prompt = _prompts(1, seed=7)[0]
+    full = engine.generate([prompt], max_tokens=6, ignore_eos=True)[0]
+    word = full.text.split()[1]  # the second token's text
+    early = engine.generate([prompt], sampling_params=SamplingParams(temperature=0, stop=word, max_tokens=6))[0]
+    assert early.finish_reason == "stop" and len(early.token_ids) <= 2
+    late = engine.generate([prompt], sampling_params=SamplingParams(temperature=0, stop=word, min_tokens=2,
+                                                                      max_tokens=6, ignore_eos=True))[0]
+    assert len(late.token_ids) > 2 and late.token_ids == full.token_ids[:len(late.token_ids)]
+    assert late.text.startswith(tok.decode(full.token_ids[:2]))  # not cut at the early occurrence
+
+
+def test_min_tokens_must_fit_max_model_len_when_max_tokens_is_none(model):
+    engine = LLMEngine(_args(), model)
+    with pytest.raises(ValueError, match="min_tokens must be <= max_tokens=86 .* got 90"):
+        engine.add_request("a", list(range(10)), sampling_params=SamplingParams(max_tokens=None, min_tokens=90))
+    assert not engine.has_unfinished_requests()
+
+
+# --------------------------------------------------------------------------- logprobs
+def test_logprobs_are_the_raw_distribution_top_k_and_the_sampled_token(model):
+    prompt = _prompts(1, seed=8)[0]
+    first = LLMEngine(_args(), model).generate([prompt], max_tokens=1)[0].token_ids[0]
+    rows = [SamplingParams(temperature=0.7, seed=3, logprobs=3, max_tokens=5, ignore_eos=True),
+            SamplingParams(temperature=0, logprobs=0, max_tokens=5, ignore_eos=True),
+            SamplingParams(temperature=0, logprobs=1, stop_token_ids=[first], min_tokens=1, max_tokens=5),
+            SamplingParams(temperature=0.7, seed=4, max_tokens=5, ignore_eos=True),
+            SamplingParams(temperature=0.7, seed=5, logprobs=-1, max_tokens=2, ignore_eos=True)]
+    outs = LLMEngine(_args(), model).generate([prompt] * 5, sampling_params=rows)
+    for out, sp in zip(outs, rows):
+        if sp.logprobs is None:
+            assert out.logprobs is None and out.outputs[0].cumulative_logprob is None
+            continue
+        assert out.outputs[0].logprobs == out.logprobs and len(out.logprobs) == len(out.token_ids)
+        seq = prompt + out.token_ids
+        # raw logits, before temperature and the min_tokens mask (vLLM's raw_logprobs)
+        ref = dense_logits(model, [seq[:-1]])[0][len(prompt) - 1:].log_softmax(-1)
+        k = 512 if sp.logprobs == -1 else sp.logprobs
+        for token, entry, lp in zip(out.token_ids, out.logprobs, ref):
+            assert all(abs(v.logprob - lp[t].item()) < 1e-4 for t, v in entry.items())
+            by_rank = sorted(entry, key=lambda t: entry[t].rank)
+            if k < 512:  # the top k in order (the whole vocabulary has near-ties between the two paths)
+                assert by_rank[:k] == lp.topk(k).indices.tolist()
+                assert [entry[t].rank for t in by_rank[:k]] == list(range(1, k + 1))
+                assert set(entry) == {token, *by_rank[:k]}
+            else:
+                assert sorted(v.rank for v in entry.values()) == list(range(1, 513))
+            if token not in by_rank[:k]:
+                assert entry[token].rank == int((lp >= lp[token]).sum())
+            assert all(v.decoded_token is None for v in entry.values())
+        assert out.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(out.token_ids,
+                                                                                         out.logprobs)))
+    masked = outs[2]
+    assert masked.token_ids[0] != first and masked.logprobs[0][first].rank == 1  # the raw top-1, masked out
+
+
+def test_no_logprobs_no_extra_work(model, monkeypatch):
+    import pagedkv.engine.worker as worker
+
+    def fail(*a, **k):
+        raise AssertionError("gather_logprobs ran with no request asking for logprobs")
+
+    monkeypatch.setattr(worker, "gather_logprobs", fail)
+    engine = LLMEngine(_args(), model)
+    outs = engine.generate(_prompts(3, seed=9), sampling_params=SamplingParams(max_tokens=3, seed=0))
+    assert all(o.logprobs is None for o in outs) and engine.worker.last_logprobs == {}
+
+
+# --------------------------------------------------------------------------- n > 1
+def test_n_gives_one_output_with_n_completions_seeded_as_vllm(model):
+    llm = LLM(model, block_size=4, num_gpu_blocks_override=64, max_model_len=96, kernel_backend="torch")
+    prompt = _prompts(1, seed=10)[0]
+    params = SamplingParams(n=3, seed=7, max_tokens=6, ignore_eos=True, logprobs=0)
+    out, = llm.generate(prompt, params)
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished and out.prompt_token_ids == prompt
+    texts = [tuple(c.token_ids) for c in out.outputs]
+    assert len(set(texts)) == 3 and all(len(c.logprobs) == 6 for c in out.outputs)
+    again = LLM(model, block_size=4, num_gpu_blocks_override=64, max_model_len=96, kernel_backend="torch")
+    assert [tuple(c.token_ids) for c in again.generate(prompt, params)[0].outputs] == texts
+    # child i is an n=1 request with seed + i (vLLM's parallel_sampling)
+    alone = [llm.generate(prompt, dataclasses.replace(params, n=1, seed=7 + i))[0].token_ids for i in range(3)]
+    assert [list(t) for t in texts] == alone
+    mixed = llm.llm_engine.generate([prompt, prompt], sampling_params=[SamplingParams(max_tokens=2),
+                                                                       SamplingParams(n=2, max_tokens=2)])
+    assert [len(o.outputs) for o in mixed] == [1, 2]
+
+
+def test_n_through_step_and_abort(model):
+    engine = LLMEngine(_args(), model)
+    engine.add_request("A", [1, 2, 3], sampling_params=SamplingParams(n=2, max_tokens=3, ignore_eos=True))
+    engine.add_request("B", [4, 5, 6], sampling_params=SamplingParams(n=3, max_tokens=50, ignore_eos=True))
+    assert sorted(engine.scheduler.requests) == ["0_A", "0_B", "1_A", "1_B", "2_B"]
+    seen = []
+    for _ in range(3):
+        seen += engine.step()
+    assert [(o.request_id, len(o.outputs)) for o in seen] == [("A", 2)]  # children only as one aggregate
+    engine.abort_request("B")
+    outs = engine.step()
+    assert [o.request_id for o in outs] == ["B"] and {c.finish_reason for c in outs[0].outputs} == {"abort"}
+    assert not engine.has_unfinished_requests() and engine.kv_cache_manager.get_num_free_blocks() == 63
+    engine.add_request("A", [1], sampling_params=SamplingParams(n=2))  # a finished id may be reused
+
+
+def test_n_rejected_requests_leave_nothing_behind(model):
+    engine = LLMEngine(_args(), model)
+    engine.add_request("1_A", [1, 2], max_tokens=4)
+    engine.add_request("C", [1, 2], sampling_params=SamplingParams(n=2))
+    with pytest.raises(ValueError, match="'1_A' is already in use"):
+        engine.add_request("A", [1, 2], sampling_params=SamplingParams(n=2))
+    with pytest.raises(ValueError, match="'C' is already in use"):
+        engine.add_request("C", [1, 2])
+    with pytest.raises(ValueError, match="n must be 1 when using greedy sampling"):
+        engine.add_request("D", [1, 2], sampling_params=SamplingParams(n=2, temperature=0))
+    assert sorted(engine.scheduler.requests) == ["0_C", "1_A", "1_C"] and sorted(engine._parents) == ["C"]

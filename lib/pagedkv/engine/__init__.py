@@ -4,7 +4,10 @@ One concept per module:
 
 - ``args``: ``EngineArgs``, the knobs with ``vllm serve``'s names and a CLI mapping;
 - ``sampling``: ``SamplingParams`` (vLLM's names and defaults) and the batched sampler;
-- ``request``: ``EngineRequest`` (status, sampling parameters, stop rules) and ``RequestOutput``;
+- ``request``: ``EngineRequest`` (status, sampling parameters, stop rules), ``RequestOutput``
+  and ``Logprob``;
+- ``parallel_sampling``: ``n > 1``, one prompt fanned out into n child requests, their
+  outputs gathered into one;
 - ``scheduler``: ``Scheduler`` (running list, waiting queue, preemption,
   prefix hits, chunked prefill) and its per-step ``SchedulerOutput``;
 - ``sizing``: how many blocks the pool gets, and the startup check;
@@ -37,12 +40,19 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   a generator's stream, so a seeded output does not depend on its batch.
 - A request that cannot be admitted even into an empty batch raises
   ``RuntimeError`` instead of waiting forever.
+- ``n > 1`` is reported as ``LLM.generate`` gets it in vLLM (``FINAL_ONLY``):
+  ``step()`` returns one aggregated output when the last child finishes; vLLM's
+  ``LLMEngine.step`` (``CUMULATIVE`` by default) streams each child's output.
+  There is no ``SamplingParams.output_kind``.
+- ``logprobs`` is not capped: up to the vocabulary size, -1 included (vLLM
+  rejects more than ``max_logprobs``, 20 by default, ``vllm/config/model.py``, line 286).
 """
 
 from .args import CLI_FLAGS, KERNEL_BACKENDS, EngineArgs
 from .llm import LLM
 from .llm_engine import LLMEngine
-from .request import CompletionOutput, EngineRequest, RequestOutput, RequestStatus
+from .parallel_sampling import ParentRequest
+from .request import CompletionOutput, EngineRequest, Logprob, RequestOutput, RequestStatus
 from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
@@ -51,7 +61,7 @@ from .worker import Worker
 
 __all__ = [
     "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLM", "LLMEngine", "SamplingParams", "EngineRequest",
-    "RequestOutput", "CompletionOutput",
+    "RequestOutput", "CompletionOutput", "Logprob", "ParentRequest",
     "RequestStatus", "Scheduler", "SchedulerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
     "EngineStats", "Worker",
 ]

@@ -101,7 +101,9 @@ class LLM:
 
         ``prompts``: one prompt or a list (text, token ids, or prompt dicts).
         ``sampling_params``: one for all, one per prompt, or None
-        (``SamplingParams()``: temperature 1.0, as vLLM).
+        (``SamplingParams()``: temperature 1.0, as vLLM). With ``n > 1`` a
+        prompt's output holds its n completions in ``outputs`` (vLLM's
+        ``FINAL_ONLY`` aggregation, as its ``LLM.generate`` asks for).
         """
         single = isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts))

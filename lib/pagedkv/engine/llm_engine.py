@@ -29,7 +29,8 @@ import torch
 from ..common import check_bool, check_int
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
-from .request import EngineRequest, RequestOutput
+from .parallel_sampling import ParentRequest, child_request_ids
+from .request import EngineRequest, RequestOutput, find_stop
 from .sampling import SamplingParams
 from .scheduler import AllocateWithPreemption, Scheduler, SchedulerOutput
 from .sizing import PoolSize, check_startup, determine_num_blocks
@@ -102,6 +103,10 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self._generate_ids = itertools.count()
         self._seeds = random.Random(args.seed)  # a seed for each request that brings none
+        # n > 1: parent id -> ParentRequest, and child id -> (parent, index); both emptied when
+        # the parent's aggregated output is handed out.
+        self._parents: dict[str, ParentRequest] = {}
+        self._child_of: dict[str, tuple[ParentRequest, int]] = {}
 
     # ----------------------------------------------------------------- requests
     def _encode(self, prompt) -> list[int]:
@@ -129,20 +134,47 @@ class LLMEngine:
         prompt must be non-empty and shorter than ``max_model_len``; ids must
         be unique among unfinished requests. ``sampling_params`` (vLLM's)
         decides how tokens are picked and when to stop; without it the request
-        is greedy with ``max_tokens`` (>= 1) and ``ignore_eos``.
+        is greedy with ``max_tokens`` (>= 1) and ``ignore_eos``. With
+        ``sampling_params.n > 1`` the request becomes n child requests
+        ``"{i}_{request_id}"`` (``parallel_sampling``); ``step()`` reports
+        them as one output under ``request_id`` once all have finished.
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-        if request_id in self.scheduler.requests:
-            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         token_ids = self._encode(prompt)
         params = self._params(sampling_params, max_tokens, ignore_eos)
         self._check_prompt(token_ids, params.max_tokens or self.max_model_len, params.ignore_eos)
+        self._check_min_tokens(params, len(token_ids))
+        taken = self._ids_taken(request_id, params.n)
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use by an unfinished request")
+        parent = ParentRequest(request_id, params) if params.n > 1 else None
+        ids = [request_id] if parent is None else parent.child_ids
         detokenize = None if self.tokenizer is None else self.tokenizer.decode
-        request = EngineRequest(request_id, token_ids, self.max_model_len, eos_token_ids=self.eos_token_ids,
-                                arrival=next(self._arrivals), hash_block_size=self.kv_cache_manager.hash_block_size,
-                                sampling_params=params, seed=self._seeds.getrandbits(63), detokenize=detokenize)
-        self.scheduler.add_request(request)
+        # Every child is built before any is queued: a failure leaves no half-added request.
+        requests = [EngineRequest(rid, token_ids, self.max_model_len, eos_token_ids=self.eos_token_ids,
+                                  arrival=next(self._arrivals), hash_block_size=self.kv_cache_manager.hash_block_size,
+                                  sampling_params=params if parent is None else parent.child_params(i),
+                                  seed=self._seeds.getrandbits(63), detokenize=detokenize)
+                    for i, rid in enumerate(ids)]
+        for request in requests:
+            self.scheduler.add_request(request)
+        if parent is not None:
+            self._parents[request_id] = parent
+            self._child_of.update((rid, (parent, i)) for i, rid in enumerate(ids))
+
+    def _ids_taken(self, request_id: str, n: int) -> list[str]:
+        """Which of ``request_id`` and, for n > 1, its children's ids an unfinished request already uses."""
+        ids = [request_id] + (child_request_ids(request_id, n) if n > 1 else [])
+        return [r for r in ids if r in self.scheduler.requests or r in self._parents]
+
+    def _check_min_tokens(self, params: SamplingParams, prompt_len: int) -> None:
+        """Without max_tokens the length cap is max_model_len: min_tokens must fit it (as vLLM checks,
+        ``vllm/v1/engine/input_processor.py``, lines 477-486)."""
+        room = self.max_model_len - prompt_len
+        if params.max_tokens is None and params.min_tokens > room:
+            raise ValueError(f"SamplingParams.min_tokens must be <= max_tokens={room} (max_model_len "
+                             f"{self.max_model_len} minus a {prompt_len}-token prompt), got {params.min_tokens}")
 
     def _params(self, sampling_params, max_tokens, ignore_eos) -> SamplingParams:
         """The request's SamplingParams: the given ones, or greedy with ``max_tokens`` and ``ignore_eos``."""
@@ -168,10 +200,31 @@ class LLMEngine:
         """Stop an unfinished request now (KeyError if it is not one); its blocks return to the pool.
 
         Its final ``RequestOutput`` (``finish_reason="abort"``) comes with the next ``step()``.
+        The id of an ``n > 1`` request aborts its unfinished children.
         """
-        request = self.scheduler.abort_request(request_id)
-        self.worker.remove_requests([request_id])
-        self._pending_outputs.append(self._output(request, []))
+        parent = self._parents.get(request_id) if isinstance(request_id, str) else None
+        ids = [request_id] if parent is None else [c for c in parent.child_ids if c in self.scheduler.requests]
+        for rid in ids:
+            request = self.scheduler.abort_request(rid)
+            self.worker.remove_requests([rid])
+            self._pending_outputs.extend(self._gather([self._output(request, [])]))
+
+    def _gather(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Pass outputs of n = 1 requests through; hold children's until their parent's aggregate is ready."""
+        gathered = []
+        for o in outputs:
+            child = self._child_of.get(o.request_id)
+            if child is None:
+                gathered.append(o)
+                continue
+            parent, index = child
+            aggregate = parent.add_output(index, o)
+            if aggregate is not None:  # the last child finished: forget the family
+                gathered.append(aggregate)
+                del self._parents[parent.request_id]
+                for rid in parent.child_ids:
+                    del self._child_of[rid]
+        return gathered
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -185,9 +238,19 @@ class LLMEngine:
         if self.tokenizer is not None:
             text = self.tokenizer.decode(tokens, skip_special_tokens=request.sampling_params.skip_special_tokens)
             if isinstance(request.stop_reason, str):  # the output ends before the stop string
-                text = text[:text.find(request.stop_reason)]
+                text = text[:find_stop(text, request.stop_reason, self._text_floor(request))]
         return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
-                             request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids))
+                             request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids),
+                             logprobs=None if request.logprobs is None else list(request.logprobs),
+                             cumulative_logprob=request.cumulative_logprob)
+
+    def _text_floor(self, request: EngineRequest) -> int:
+        """Length of the text of the first ``min_tokens`` tokens: a stop string ends after it."""
+        n = request.sampling_params.min_tokens
+        if not n:
+            return 0
+        return len(self.tokenizer.decode(list(request.output_token_ids[:n]),
+                                         skip_special_tokens=request.sampling_params.skip_special_tokens))
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -211,7 +274,11 @@ class LLMEngine:
         progressed = self.scheduler.update_from_output(out, sampled)
         finished = [r.request_id for r in progressed if r.status.is_finished]
         self.worker.remove_requests(finished)
-        outputs.extend(self._output(r, [r.output_token_ids[-1]]) for r in progressed)
+        decode = None if self.tokenizer is None else self._decode_token
+        for r in progressed:  # the sampled tokens' logprobs, for the requests that asked
+            if r.request_id in self.worker.last_logprobs:
+                r.append_logprobs(r.output_token_ids[-1], *self.worker.last_logprobs[r.request_id], decode)
+        outputs.extend(self._gather([self._output(r, [r.output_token_ids[-1]]) for r in progressed]))
         self._stats.record_step(num_prompt_tokens, len(progressed), len(out.preempted_req_ids),
                                 time.perf_counter() - t0)
         for listener in list(self._listeners):
@@ -220,6 +287,9 @@ class LLMEngine:
         if n and self._stats.num_steps % n == 0:
             self.log_stats()
         return outputs
+
+    def _decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _prompt_tokens(self, out: SchedulerOutput) -> int:
         """Tokens computed in prefill (or recomputation) this step: all but the decode tokens."""
@@ -236,7 +306,8 @@ class LLMEngine:
 
         ``sampling_params``: one for all prompts or one per prompt (default:
         greedy with ``max_tokens`` and ``ignore_eos``). Returns one finished
-        ``RequestOutput`` per prompt, in prompt order. Requests added earlier
+        ``RequestOutput`` per prompt, in prompt order (with ``n > 1``, its
+        ``outputs`` holds the n completions). Requests added earlier
         by ``add_request`` also advance meanwhile; their outputs are not
         returned here.
         """
@@ -252,14 +323,16 @@ class LLMEngine:
         for i, (p, sp) in enumerate(zip(prompts, params)):  # validate all before adding any: a bad prompt adds none
             try:
                 sp = self._params(sp, max_tokens, ignore_eos)
-                self._check_prompt(self._encode(p), sp.max_tokens or self.max_model_len, sp.ignore_eos)
+                token_ids = self._encode(p)
+                self._check_prompt(token_ids, sp.max_tokens or self.max_model_len, sp.ignore_eos)
+                self._check_min_tokens(sp, len(token_ids))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
             checked.append(sp)
         ids = []
         for p, sp in zip(prompts, checked):
             rid = f"generate-{next(self._generate_ids)}"
-            while rid in self.scheduler.requests:
+            while self._ids_taken(rid, sp.n):
                 rid = f"generate-{next(self._generate_ids)}"
             self.add_request(rid, p, sampling_params=sp)
             ids.append(rid)

@@ -9,13 +9,36 @@ generated so far, the new ones of this step, and why the request finished.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 from ..request import Request
 from .sampling import SamplingParams
 
-__all__ = ["RequestStatus", "EngineRequest", "RequestOutput", "CompletionOutput"]
+__all__ = ["RequestStatus", "EngineRequest", "RequestOutput", "CompletionOutput", "Logprob", "find_stop"]
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``Logprob``, ``vllm/logprobs.py``, line 13).
+
+    ``rank``: 1 for the most likely token; ``decoded_token``: the token's
+    text when the engine has a tokenizer, else None.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def find_stop(text: str, stop: str, floor: int) -> int:
+    """Where ``stop`` starts in ``text`` if it ends past character ``floor``, else -1.
+
+    ``floor`` is the length of the text of the first ``min_tokens`` tokens: a
+    stop string counts only once it ends after them, as vLLM's detokenizer
+    checks only the text past that offset (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+    """
+    return text.find(stop, max(0, floor - len(stop) + 1))
 
 
 class RequestStatus(enum.Enum):
@@ -56,11 +79,20 @@ class EngineRequest(Request):
         super().__init__(request_id, prompt_token_ids, max_tokens, hash_block_size=hash_block_size)
         if not isinstance(sampling_params.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be True or False, got {sampling_params.ignore_eos!r}")
+        if sampling_params.n != 1:
+            raise ValueError(f"an EngineRequest is one completion (n=1), got n={sampling_params.n}; "
+                             "LLMEngine.add_request fans n > 1 out into child requests")
         if sampling_params.stop and detokenize is None:
             raise ValueError("stop strings need a tokenizer to read the text; give stop_token_ids instead")
         self.sampling_params = sampling_params
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_ids = frozenset(eos_token_ids)
+        # What min_tokens masks: the stop ids and EOS, even with ignore_eos (vLLM adds EOS to
+        # _all_stop_token_ids whatever ignore_eos says, vllm/sampling_params.py, line 787).
+        self.all_stop_token_ids = sorted(self.eos_token_ids | set(sampling_params.stop_token_ids))
+        # One {token id: Logprob} per generated token when logprobs were asked for, else None.
+        self.logprobs: list[dict[int, Logprob]] | None = None if sampling_params.logprobs is None else []
+        self.cumulative_logprob: float | None = None if sampling_params.logprobs is None else 0.0
         self.seed = sampling_params.seed if sampling_params.seed is not None else seed
         self.detokenize = detokenize
         self.arrival = arrival
@@ -77,12 +109,37 @@ class EngineRequest(Request):
         """``"stop"``, ``"length"`` or ``"abort"`` once finished, else None."""
         return self.status.value if self.status.is_finished else None
 
+    @property
+    def needs_min_tokens_mask(self) -> bool:
+        """True while the next token must not be EOS or a stop token (fewer than ``min_tokens`` generated)."""
+        return self.num_output_tokens < self.sampling_params.min_tokens
+
+    def append_logprobs(self, token: int, logprob: float, rank: int, top: list[tuple[int, float]],
+                        decode: Callable[[int], str] | None = None) -> None:
+        """Record the logprobs of the token just appended: the sampled one first, then the top k.
+
+        A sampled token that is also in the top k keeps its top-k entry (vLLM
+        builds the same dict, ``vllm/logprobs.py``, lines 178-209).
+        """
+        def text(t):
+            return None if decode is None else decode(t)
+
+        entry = {token: Logprob(logprob, rank, text(token))}
+        for r, (t, lp) in enumerate(top, start=1):
+            entry[t] = Logprob(lp, r, text(t))
+        self.logprobs.append(entry)
+        self.cumulative_logprob += logprob
+
     def check_stop(self, max_model_len: int) -> bool:
         """After a token is appended: set a finished status and return True if the request is done.
 
         The order is vLLM's ``check_stop``: EOS (unless ``ignore_eos``), the
         ``stop_token_ids``, then the length caps (``max_tokens``,
         ``max_model_len``); ``stop`` strings are checked on the text last.
+        ``min_tokens`` needs no test here for EOS and stop ids: the sampler
+        masked them until then (vLLM's ``check_stop`` relies on the same mask,
+        ``vllm/v1/core/sched/utils.py``, lines 98-126); stop strings are
+        searched only in the text after the first ``min_tokens`` tokens.
         """
         last = self.output_token_ids[-1]
         if not self.ignore_eos and last in self.eos_token_ids:
@@ -91,10 +148,12 @@ class EngineRequest(Request):
         if last in self.sampling_params.stop_token_ids:
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, last
             return True
-        if self.sampling_params.stop:
+        min_tokens = self.sampling_params.min_tokens
+        if self.sampling_params.stop and self.num_output_tokens > min_tokens:
             text = self.detokenize(list(self.output_token_ids))
+            floor = len(self.detokenize(list(self.output_token_ids[:min_tokens]))) if min_tokens else 0
             for s in self.sampling_params.stop:
-                if s in text:
+                if find_stop(text, s, floor) >= 0:
                     self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, s
                     return True
         if self.num_tokens >= max_model_len or self.num_output_tokens >= self.max_tokens:
@@ -119,9 +178,14 @@ class RequestOutput:
     output when the engine has a tokenizer (cut before a ``stop`` string).
     ``stop_reason`` is the stop token id or string that ended it, if any.
 
+    ``logprobs`` (one ``{token id: Logprob}`` per generated token) and
+    ``cumulative_logprob`` are set when ``SamplingParams.logprobs`` asked for them.
+
     vLLM's ``RequestOutput`` shape is here too: ``prompt``,
     ``prompt_token_ids`` and ``outputs`` (one ``CompletionOutput``), so code
-    written for ``vllm.LLM.generate`` reads ours unchanged.
+    written for ``vllm.LLM.generate`` reads ours unchanged. A request with
+    ``n > 1`` gives one final output whose ``outputs`` holds its n completions
+    (``completions``, index 0..n-1); its other fields are completion 0's.
     """
 
     request_id: str
@@ -133,18 +197,32 @@ class RequestOutput:
     stop_reason: int | str | None = None
     prompt_token_ids: list[int] | None = None
     prompt: str | None = None
+    # Added fields stay out of the repr, so the n == 1 output prints as it always did.
+    logprobs: list[dict[int, Logprob]] | None = field(default=None, repr=False)
+    cumulative_logprob: float | None = field(default=None, repr=False)
+    completions: tuple["CompletionOutput", ...] | None = field(default=None, repr=False)
 
     @property
     def outputs(self) -> list["CompletionOutput"]:
-        return [CompletionOutput(0, self.text, list(self.token_ids), self.finish_reason, self.stop_reason)]
+        if self.completions is not None:
+            return list(self.completions)
+        return [CompletionOutput(0, self.text, list(self.token_ids), self.finish_reason, self.stop_reason,
+                                 self.logprobs, self.cumulative_logprob)]
 
 
 @dataclass(frozen=True)
 class CompletionOutput:
-    """One completion of a request, as vLLM's ``CompletionOutput`` (``text``, ``token_ids``, ``finish_reason``)."""
+    """One completion of a request, as vLLM's ``CompletionOutput`` (``text``, ``token_ids``, ``finish_reason``,
+    ``logprobs``, ``cumulative_logprob``); ``index`` is its place among the request's n."""
 
     index: int
     text: str | None
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: int | str | None = None
+    logprobs: list[dict[int, Logprob]] | None = field(default=None, repr=False)
+    cumulative_logprob: float | None = field(default=None, repr=False)
+
+    def finished(self) -> bool:
+        """vLLM's ``CompletionOutput.finished()``."""
+        return self.finish_reason is not None

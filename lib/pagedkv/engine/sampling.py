@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SamplingParams", "sample", "SAMPLING_EPS"]
+__all__ = ["SamplingParams", "sample", "mask_tokens", "gather_logprobs", "SAMPLING_EPS"]
 
 #: Below this temperature a request is greedy (vLLM's ``_SAMPLING_EPS``).
 SAMPLING_EPS = 1e-5
@@ -55,6 +55,21 @@ class SamplingParams:
         stop_token_ids: token ids that end the output (kept in ``token_ids``).
         ignore_eos: False; True keeps generating past EOS.
         skip_special_tokens: True: special tokens are left out of ``text``.
+        n: 1; n > 1 samples n completions of the prompt, each a child request
+            (vLLM V1's fan-out, ``vllm/v1/engine/parallel_sampling.py``); a
+            seeded parent gives child ``i`` the seed ``seed + i`` (line 81 there).
+            Greedy requests must have n == 1, as in vLLM (``vllm/sampling_params.py``, line 772).
+        min_tokens: 0; EOS and ``stop_token_ids`` can be neither sampled nor
+            end the output before this many tokens were generated (their logits
+            are masked, vLLM's ``MinTokensLogitsProcessor``), and a ``stop``
+            string counts only once it ends in text after those tokens
+            (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+        logprobs: None; an int k >= 0 returns, for every generated token, the
+            log-probabilities of the sampled token and of the k most likely ones
+            (-1: the whole vocabulary). They come from the raw logits, before
+            temperature, cuts and the min_tokens mask: vLLM's default
+            ``logprobs_mode="raw_logprobs"`` (``vllm/config/model.py``, line 291;
+            ``vllm/v1/sample/sampler.py``, lines 142-150).
     """
 
     temperature: float = 1.0
@@ -68,6 +83,8 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = field(default=1)
+    min_tokens: int = 0
+    logprobs: int | None = None
 
     def __post_init__(self):
         for name in ("temperature", "top_p", "min_p"):
@@ -75,6 +92,11 @@ class SamplingParams:
         _number("top_k", self.top_k, integer=True)
         _number("seed", self.seed, integer=True, optional=True)
         _number("max_tokens", self.max_tokens, integer=True, optional=True)
+        _number("n", self.n, integer=True)
+        _number("min_tokens", self.min_tokens, integer=True)
+        if self.logprobs is True:  # vLLM reads True as 1 (vllm/sampling_params.py, line 592)
+            self.logprobs = 1
+        _number("logprobs", self.logprobs, integer=True, optional=True)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -85,8 +107,19 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be at least 1, got {self.max_tokens}")
-        if self.n != 1:
-            raise ValueError(f"SamplingParams.n must be 1 here (one output per prompt), got {self.n!r}")
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be at least 1, got {self.n}")
+        if self.min_tokens < 0:
+            raise ValueError(f"SamplingParams.min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"SamplingParams.min_tokens must be <= max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}")
+        if self.logprobs is not None and self.logprobs < -1:
+            raise ValueError(f"SamplingParams.logprobs must be >= 0, or -1 (the whole vocabulary), "
+                             f"got {self.logprobs}")
+        if self.n > 1 and self.temperature < SAMPLING_EPS:  # vLLM's _verify_greedy_sampling
+            raise ValueError(f"SamplingParams.n must be 1 when using greedy sampling (temperature=0), "
+                             f"got {self.n}: the n outputs would be identical")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SamplingParams.{name} must be True or False, got {getattr(self, name)!r}")
@@ -157,3 +190,32 @@ def sample(logits: torch.Tensor, temperature, top_p, top_k, min_p, seeds, counte
     probs = scaled.softmax(dim=-1)
     drawn = (probs / exponential_noise(seeds, counters, vocab)).argmax(dim=-1)
     return torch.where(greedy, argmax, drawn)
+
+
+def mask_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> torch.Tensor:
+    """Set ``logits[rows[j], token_ids[j]]`` to -inf in place: those tokens cannot be drawn, even by argmax.
+
+    min_tokens uses it for the stop tokens of rows still short of their minimum
+    (vLLM's ``MinTokensLogitsProcessor``, ``vllm/v1/sample/logits_processor/builtin.py``, line 165).
+    """
+    if rows:
+        dev = logits.device
+        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(token_ids, device=dev)),
+                          torch.tensor(float("-inf"), device=dev))
+    return logits
+
+
+def gather_logprobs(raw_logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor):
+    """Log-probabilities of the sampled tokens and the top ``num_logprobs``, for ``raw_logits [rows, vocab]``.
+
+    One ``log_softmax`` and one ``topk`` for all rows (vLLM's ``Sampler.gather_logprobs``,
+    ``vllm/v1/sample/sampler.py``, lines 373-420). Returns ``(sampled [rows], ranks [rows],
+    top_logprobs [rows, k], top_ids [rows, k])``; a sampled token's rank is the number of
+    tokens at least as likely, itself included (1 = the most likely), as vLLM's
+    ``batched_count_greater_than`` counts it (``vllm/v1/sample/ops/logprobs.py``).
+    """
+    logprobs = raw_logits.log_softmax(dim=-1, dtype=torch.float32)
+    sampled = logprobs.gather(-1, token_ids[:, None])
+    ranks = (logprobs >= sampled).sum(dim=-1)
+    top, top_ids = logprobs.topk(num_logprobs, dim=-1)
+    return sampled[:, 0], ranks, top, top_ids

@@ -16,7 +16,9 @@ Per step, from the scheduler's decisions:
    scheduled token's logits of each request whose prompt (or recomputation)
    is complete after this step, all rows in one batched ``sampling.sample``
    (argmax alone when every row is greedy). A request in the middle of a
-   chunked prefill gets no token.
+   chunked prefill gets no token. Rows short of their ``min_tokens`` get their
+   stop tokens masked first; rows that asked for ``logprobs`` get them from
+   the raw logits (``last_logprobs``), the others cost nothing extra.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from ..block_table import BlockTable
 from .request import EngineRequest
-from .sampling import sample
+from .sampling import gather_logprobs, mask_tokens, sample
 from .scheduler import SchedulerOutput
 from ..common import cdiv
 
@@ -56,6 +58,9 @@ class Worker:
         self.kernel_backend = kernel_backend
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.last_metadata = None  # the AttentionMetadata of the latest step
+        # {request id: (logprob, rank, [(token id, logprob), ...top k])} of the latest step's sampled
+        # tokens, for the requests that asked for logprobs (the engine moves them onto the requests).
+        self.last_logprobs: dict[str, tuple[float, int, list[tuple[int, float]]]] = {}
         self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
@@ -110,6 +115,7 @@ class Worker:
         from ..model import AttentionMetadata
 
         self._update_rows(out)
+        self.last_logprobs = {}
         if out.is_empty:
             return {}
         self.block_table.commit(self.num_reqs)
@@ -161,8 +167,42 @@ class Worker:
             return {}
         last = torch.from_numpy(cu[1:][done] - 1).to(dev)
         logits = self.model.compute_logits(hidden.index_select(0, last))
-        tokens = self._sample(logits, [requests[sched[i]] for i in done]).tolist()
-        return {sched[i]: t for i, t in zip(done, tokens)}
+        reqs = [requests[sched[i]] for i in done]
+        # Raw logits of the rows that want logprobs, copied before the min_tokens mask touches them.
+        want = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
+        raw = logits.index_select(0, torch.tensor(want, device=dev)) if want else None
+        self._mask_min_tokens(logits, reqs)
+        sampled = self._sample(logits, reqs)
+        if want:
+            self._record_logprobs(raw, sampled, [reqs[i] for i in want], want)
+        return {sched[i]: t for i, t in zip(done, sampled.tolist())}
+
+    @staticmethod
+    def _mask_min_tokens(logits: torch.Tensor, reqs: list[EngineRequest]) -> None:
+        """Rows short of ``min_tokens`` cannot draw EOS or a stop token: one scatter of -inf for all of them.
+
+        The loop runs over requests and their few stop ids, never over the vocabulary.
+        """
+        rows, ids = [], []
+        vocab = logits.shape[-1]
+        for i, r in enumerate(reqs):
+            if r.needs_min_tokens_mask:
+                stop = [t for t in r.all_stop_token_ids if 0 <= t < vocab]
+                rows += [i] * len(stop)
+                ids += stop
+        mask_tokens(logits, rows, ids)
+
+    def _record_logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
+                         rows: list[int]) -> None:
+        """Logprobs for the rows that asked: one ``log_softmax`` and one ``topk`` (the largest k asked)."""
+        vocab = raw.shape[-1]
+        ks = [vocab if r.sampling_params.logprobs == -1 else min(r.sampling_params.logprobs, vocab)
+              for r in reqs]
+        rows_t = torch.tensor(rows, device=raw.device)
+        lp, rank, top, top_ids = gather_logprobs(raw, max(ks), sampled.index_select(0, rows_t))
+        lp, rank, top, top_ids = lp.tolist(), rank.tolist(), top.tolist(), top_ids.tolist()
+        for j, (r, k) in enumerate(zip(reqs, ks)):
+            self.last_logprobs[r.request_id] = (lp[j], rank[j], list(zip(top_ids[j][:k], top[j][:k])))
 
     def _sample(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
         """One token per row: the parameters go to the device as ``[batch]`` tensors, one op chain samples."""
