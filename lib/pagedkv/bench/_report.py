@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 REPORT_JSON = "book/gpu_report.json"
@@ -73,9 +74,14 @@ def _attention(section: dict) -> list[str]:
     return lines
 
 
+_TEXT_WIDTH = 78  # characters of a code block that fit the site's column
+
+
 def _engine(section: dict, title: str = "## The serving engine") -> list[str]:
+    """The benchmark's printed lines, long ones (the engine's log line) wrapped to the column."""
     lines = [title, "", "```text"]
-    lines += [str(line) for line in section.get("lines", [])]
+    for line in map(str, section.get("lines", [])):
+        lines += textwrap.wrap(line, _TEXT_WIDTH, subsequent_indent="      ") if len(line) > _TEXT_WIDTH else [line]
     lines += ["```", ""]
     return lines
 

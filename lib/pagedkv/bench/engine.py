@@ -116,6 +116,15 @@ CHAT_QUESTIONS = (
 )
 
 
+def _cpu_name() -> str:
+    """The processor's model name as Linux reports it ("unknown" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def _time_once(fn) -> float:
     _sync()
     t0 = time.perf_counter()
@@ -306,6 +315,7 @@ def run(say=print) -> dict:
     if gpu:
         rows = throughput(model, args, prompt_len, max_tokens, repeats=repeats, say=out)
     elif smollm2_available():
+        out(f"cpu: {_cpu_name()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}")
         out("model: SmolLM2-135M-Instruct from its GGUF (fp32, CPU); 8 chat prompts, 64 tokens each")
         path = smollm2_path()
         rows = real_model_throughput(load_gguf(path, device="cpu"), load_gguf_tokenizer(path), say=out)
