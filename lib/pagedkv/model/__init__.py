@@ -6,6 +6,7 @@ One concept per module:
 - ``decoder``: ``Model`` (paged ``forward`` and the dense reference),
   ``AttentionMetadata``, ``dense_logits``;
 - ``paged_attention``: the batched PyTorch paged attention the CPU path runs;
+- ``cpu_linear``: ``PackedLinear``, fused products; on a CPU, oneDNN over packed weights;
 - ``checkpoint``: ``load_pretrained`` (a Hugging Face safetensors directory);
 - ``gguf_file`` and ``gguf``: reading a llama.cpp GGUF file, ``load_gguf``;
 - ``tokenizer``: the tokenizer and chat template stored in a GGUF file;
