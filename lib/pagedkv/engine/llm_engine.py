@@ -22,6 +22,7 @@ import itertools
 import numbers
 import random
 import time
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -236,21 +237,15 @@ class LLMEngine:
         tokens = list(request.output_token_ids)
         text = None
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=request.sampling_params.skip_special_tokens)
+            decode = partial(self.tokenizer.decode, skip_special_tokens=request.sampling_params.skip_special_tokens)
+            text = decode(tokens)
             if isinstance(request.stop_reason, str):  # the output ends before the stop string
-                text = text[:find_stop(text, request.stop_reason, self._text_floor(request))]
+                floor = request.min_tokens_text_len(decode)
+                text = text[:find_stop(text, request.stop_reason, floor)]
         return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
                              request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids),
                              logprobs=None if request.logprobs is None else list(request.logprobs),
                              cumulative_logprob=request.cumulative_logprob)
-
-    def _text_floor(self, request: EngineRequest) -> int:
-        """Length of the text of the first ``min_tokens`` tokens: a stop string ends after it."""
-        n = request.sampling_params.min_tokens
-        if not n:
-            return 0
-        return len(self.tokenizer.decode(list(request.output_token_ids[:n]),
-                                         skip_special_tokens=request.sampling_params.skip_special_tokens))
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:

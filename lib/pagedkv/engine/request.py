@@ -114,6 +114,11 @@ class EngineRequest(Request):
         """True while the next token must not be EOS or a stop token (fewer than ``min_tokens`` generated)."""
         return self.num_output_tokens < self.sampling_params.min_tokens
 
+    def min_tokens_text_len(self, decode: Callable[[list[int]], str]) -> int:
+        """Length of the text of the first ``min_tokens`` tokens (0 without min_tokens): a stop string ends after it."""
+        n = self.sampling_params.min_tokens
+        return len(decode(list(self.output_token_ids[:n]))) if n else 0
+
     def append_logprobs(self, token: int, logprob: float, rank: int, top: list[tuple[int, float]],
                         decode: Callable[[int], str] | None = None) -> None:
         """Record the logprobs of the token just appended: the sampled one first, then the top k.
@@ -148,10 +153,9 @@ class EngineRequest(Request):
         if last in self.sampling_params.stop_token_ids:
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, last
             return True
-        min_tokens = self.sampling_params.min_tokens
-        if self.sampling_params.stop and self.num_output_tokens > min_tokens:
+        if self.sampling_params.stop and self.num_output_tokens > self.sampling_params.min_tokens:
             text = self.detokenize(list(self.output_token_ids))
-            floor = len(self.detokenize(list(self.output_token_ids[:min_tokens]))) if min_tokens else 0
+            floor = self.min_tokens_text_len(self.detokenize)
             for s in self.sampling_params.stop:
                 if find_stop(text, s, floor) >= 0:
                     self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, s

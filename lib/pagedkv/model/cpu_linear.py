@@ -24,8 +24,9 @@ Invariants:
   next product.
 * Packed and plain products differ in rounding only (the sums run in another
   order): about 1e-6 relative in float32, as between two BLAS libraries.
-* The copy costs as much memory as the weights it packs (the weights stay:
-  the state dict, transformers' twin and the dense reference read them).
+* Each copy costs as much memory as the weights it holds, and the weights
+  stay (the state dict, transformers' twin and the dense reference read
+  them): up to three times the weights on a CPU, built only when first used.
 """
 
 from __future__ import annotations
@@ -87,13 +88,18 @@ class PackedLinear:
         outs = [F.linear(x, layer.weight, getattr(layer, "bias", None)) for layer in self.layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
+    def _applies(self, x: torch.Tensor) -> bool:
+        """Whether the copies compute this product (the module's first invariant)."""
+        return (_X86 and _packing_works is not False and not _plain_depth and not torch.is_grad_enabled()
+                and x.device.type == "cpu" and x.dtype == torch.float32 and self.layers[0].weight.dtype == x.dtype)
+
     def _refresh(self) -> None:
         """Drop the copies if a weight or bias was replaced or edited since they were made."""
-        tensors = [t for layer in self.layers for t in (layer.weight, getattr(layer, "bias", None)) if t is not None]
+        biases = [getattr(layer, "bias", None) for layer in self.layers]
+        tensors = [t for layer, b in zip(self.layers, biases) for t in (layer.weight, b) if t is not None]
         key = tuple((t.data_ptr(), t._version, t.shape) for t in tensors)
         if key != self._key:
             self._packed = self._by_row = None
-            biases = [getattr(layer, "bias", None) for layer in self.layers]
             self._bias = (None if all(b is None for b in biases) else  # a missing bias adds zeros
                           torch.cat([torch.zeros(layer.weight.shape[0]) if b is None else b.detach()
                                      for layer, b in zip(self.layers, biases)]))
@@ -104,9 +110,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         global _packing_works
-        weight = self.layers[0].weight
-        if not (_X86 and _packing_works is not False and not _plain_depth and x.device.type == "cpu" and x.dtype == torch.float32
-                and weight.dtype == torch.float32 and not torch.is_grad_enabled()):
+        if not self._applies(x):
             return self._plain(x)
         self._refresh()
         if self.one_row_copy and x.numel() == x.shape[-1]:
