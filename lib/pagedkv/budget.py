@@ -1,14 +1,19 @@
 """The memory budget: how many bytes a token of KV costs, and how many blocks a GPU holds.
 
-Everything here is arithmetic on published specs, done the way vLLM does it at
-startup (``determine_available_memory`` then ``get_num_blocks``):
+Everything here is arithmetic on published specs, done the way vLLM 0.33.0 does
+it at startup (``determine_available_memory``, then ``get_kv_cache_configs``):
 
 1. The engine may use ``total_memory * gpu_memory_utilization`` bytes.
 2. From that it subtracts the model weights and a measured non-KV allowance
    (activation peak, CUDA-graph pools, workspace). What is left is the KV pool.
-3. A block's page is ``block_size`` tokens of K and V for ONE layer; the pool is
-   divided by the page size, then by the layer count -- two floor divisions --
-   because every layer gets its own tensor with the same number of blocks.
+3. One block's bytes are its pages (``block_size`` tokens of K and V) summed
+   over the layers of the KV-cache group, and the pool is divided by them once,
+   rounding down (``_get_kv_cache_bytes_per_block`` and ``num_blocks =
+   available_memory // bytes_per_block`` in ``v1/core/kv_cache_planning.py``).
+   The layers' caches are views into one allocation, so every layer has the
+   same number of blocks.
+4. The startup check plans against the *usable* blocks: the null block that
+   the block pool holds back is subtracted first (:func:`check_enough_kv_cache_memory`).
 
 Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
 """
@@ -76,7 +81,7 @@ MODELS: dict[str, ModelSpec] = {
     for m in [
         ModelSpec("Llama-3-8B", 32, 32, 8, 128, 8_030_261_248, 8_192, 8_192),
         ModelSpec("Llama-3.1-8B", 32, 32, 8, 128, 8_030_261_248, 131_072, 131_072),
-        ModelSpec("Llama-3-70B", 80, 64, 8, 128, 70_553_706_496, 8_192, 8_192),
+        ModelSpec("Llama-3.1-70B", 80, 64, 8, 128, 70_553_706_496, 131_072, 131_072),
         ModelSpec("Mistral-7B", 32, 32, 8, 128, 7_241_732_096, 32_768, 32_768),
         ModelSpec("Qwen2.5-7B", 28, 28, 4, 128, 7_615_616_512, 32_768, 131_072),
         # The contrast: multi-head attention keeps one KV head per query head.
@@ -94,6 +99,12 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec("RTX 4090", 24_564, 1_008.0),
     ]
 }
+
+
+# The book's reference model. Llama-3.1-8B has Llama-3-8B's shape (and so the
+# same KV bytes and weights) but a 131,072-token context, so vLLM accepts the
+# reference max_model_len of 32,768 (Llama-3-8B stops at 8,192).
+REFERENCE_MODEL = "Llama-3.1-8B"
 
 
 def _lookup(table: dict, key, kind: str):
@@ -205,10 +216,13 @@ def block_bytes(model: str | ModelSpec, block_size: int = 16, dtype: str | torch
 
 def num_gpu_blocks(pool_bytes: float, model: str | ModelSpec, block_size: int = 16,
                    dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
-    """Blocks as vLLM computes them: pool // page_bytes_per_layer // num_layers (two floors)."""
+    """Blocks as vLLM 0.33.0 computes them: one floor, pool // one block's bytes across all layers.
+
+    The count includes the null block (block 0), which the block pool holds
+    back; ``num_gpu_blocks - 1`` blocks can hold tokens.
+    """
     check_real(pool_bytes, "pool_bytes", minimum=0)
-    page = page_bytes_per_layer(model, block_size, dtype, tensor_parallel_size)
-    return int(pool_bytes // page // model_spec(model).num_layers)
+    return int(pool_bytes // block_bytes(model, block_size, dtype, tensor_parallel_size))
 
 
 def token_slots(num_blocks: int, block_size: int) -> int:
@@ -239,10 +253,17 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
                                  block_size: int = 16, dtype: str | torch.dtype = "bf16") -> None:
     """The startup check: refuse a pool that cannot hold ONE request of ``max_model_len`` tokens.
 
-    Like vLLM's, the error states the GiB needed, the GiB available, the largest
-    ``max_model_len`` that would fit, and the two knobs that fix it. Paging
-    removes over-reservation at run time, but the engine still promises that
-    its longest allowed request can run alone.
+    ``pool_bytes`` is the whole KV pool, null block included: the profiled
+    pool, or ``num_gpu_blocks_override x`` one block's bytes. As in vLLM 0.33.0
+    (``check_enough_kv_cache_memory`` and ``get_kv_cache_configs`` in
+    ``v1/core/kv_cache_planning.py``), one block's bytes are held back for the
+    null block before the check, so 2,048 blocks of 16 hold one request of at
+    most 2,047 x 16 = 32,752 tokens, not 32,768.
+
+    Like vLLM's, the error states the GiB needed, the GiB available (after the
+    null block), the largest ``max_model_len`` that would fit, and the two knobs
+    that fix it. Paging removes over-reservation at run time, but the engine
+    still promises that its longest allowed request can run alone.
 
     ``pool_bytes`` must be a finite number >= 0 (a NaN or negative pool is a
     ``ValueError`` naming it, not a misleading "needed vs available" message).
@@ -250,11 +271,55 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
     check_real(pool_bytes, "pool_bytes", minimum=0)
     check_int(max_model_len, "max_model_len", 1)
     per_block = block_bytes(model, block_size, dtype)
+    usable_bytes = pool_bytes - per_block  # the null block never holds a token
+    if usable_bytes <= 0:
+        raise ValueError(NO_MEMORY_MESSAGE)
     needed = blocks_per_request(max_model_len, block_size) * per_block
-    if needed <= pool_bytes:
+    if needed <= usable_bytes:
         return
-    fits = int(pool_bytes // per_block) * block_size
-    raise ValueError(startup_error_message(max_model_len, needed, pool_bytes, fits))
+    # vLLM binary-searches the longest length whose blocks fit; with one
+    # group that is the usable blocks times the block size.
+    fits = min(int(usable_bytes // per_block) * block_size, max_model_len)
+    raise ValueError(startup_error_message(max_model_len, needed, usable_bytes, fits))
+
+
+def usable_max_model_len(pool_bytes: float, model: str | ModelSpec, block_size: int = 16,
+                         dtype: str | torch.dtype = "bf16") -> int:
+    """The longest request the startup check admits: the usable blocks (null block held back) x block size."""
+    check_real(pool_bytes, "pool_bytes", minimum=0)
+    return max(num_gpu_blocks(pool_bytes, model, block_size, dtype) - 1, 0) * block_size
+
+
+# vLLM 0.33.0's error when nothing is left once the null block is held back
+# (``_check_enough_kv_cache_memory``, v1/core/kv_cache_planning.py).
+NO_MEMORY_MESSAGE = (
+    "No available memory for the cache blocks. "
+    "Try increasing `gpu_memory_utilization` when initializing the engine "
+    "(this flag also controls CPU memory reservation on the CPU "
+    "backend, despite its name). "
+    "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
+    "for more details.")
+
+
+def check_max_model_len(model: str | ModelSpec, max_model_len: int) -> int:
+    """Refuse a ``max_model_len`` beyond the model's own context, as vLLM 0.33.0 does.
+
+    vLLM derives the limit from the checkpoint's ``max_position_embeddings``
+    (``_get_and_verify_max_len`` in ``config/model.py``) and raises unless the
+    environment variable ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` is set. Llama-3-8B
+    stops at 8,192 tokens; Llama-3.1-8B, the same shape, at 131,072. The message
+    is vLLM's first two sentences (its warning about RoPE positions follows them).
+    Returns ``max_model_len``.
+    """
+    m = model_spec(model)
+    check_int(max_model_len, "max_model_len", 1)
+    if max_model_len > m.native_context:
+        raise ValueError(
+            f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={m.native_context} or model_max_length=None "
+            f"in model's config.json). To allow overriding this maximum, set the env var "
+            f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+    return max_model_len
 
 
 def _gib(num_bytes: float) -> str:
@@ -337,7 +402,7 @@ class BudgetPlan:
 
 
 def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
-         model: str | ModelSpec = "Llama-3-8B", dtype: str = "bf16",
+         model: str | ModelSpec = REFERENCE_MODEL, dtype: str = "bf16",
          gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
          max_model_len: int = 32_768, block_size: int = 16,
          request_len: int = 612, weight_gib: float | None = None,
@@ -378,12 +443,13 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
     )
 
 
-def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
+def pool_from_free_memory(model: str | ModelSpec = REFERENCE_MODEL,
                           dtype: str = "bf16",
                           gpu_memory_utilization: float = 0.92,
                           non_kv_gib: float = 6.0, block_size: int = 16,
                           device: int = 0,
                           free_and_total: tuple[int, int] | None = None,
+                          weight_gib: float | None = None,
                           ) -> dict:
     """Size a pool from a GPU's real memory, with vLLM 0.33.0's V1 rules.
 
@@ -404,6 +470,9 @@ def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
        subtracted from the budget: it only has to leave room for it.
 
     Two instances at 0.5 each can share one GPU; a second one at 0.92 cannot.
+    ``weight_gib`` replaces the weights computed from the parameter count (for
+    example with the figure a loader logged). ``num_blocks`` includes the null
+    block; ``usable_blocks`` does not.
     """
     if free_and_total is None:
         if not torch.cuda.is_available():
@@ -418,7 +487,10 @@ def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
     check_real(total, "total memory", minimum=0)
     if free > total:
         raise ValueError(f"free memory ({free}) exceeds total ({total})")
-    w = weight_bytes(model, dtype)
+    if weight_gib is None:
+        w = weight_bytes(model, dtype)
+    else:
+        w = check_real(weight_gib, "weight_gib", minimum=0) * GiB
     non_kv = check_real(non_kv_gib, "non_kv_gib", minimum=0) * GiB
     # Validates the utilization and refuses a budget the weights fill.
     kv_pool_bytes(total, gpu_memory_utilization, w, non_kv)
@@ -440,5 +512,6 @@ def pool_from_free_memory(model: str | ModelSpec = "Llama-3-8B",
         "requested_gib": requested / GiB,
         "pool_gib": pool / GiB,
         "num_blocks": blocks,
+        "usable_blocks": max(blocks - 1, 0),
         "token_slots": token_slots(blocks, block_size),
     }

@@ -80,16 +80,16 @@ def test_plan_matches_the_pieces():
 
 
 def test_tensor_parallel_splits_then_replicates_kv_heads():
-    assert b.kv_heads_per_rank("Llama-3-70B", 1) == 8
-    assert b.kv_heads_per_rank("Llama-3-70B", 4) == 2
-    assert b.kv_heads_per_rank("Llama-3-70B", 8) == 1
-    assert b.kv_heads_per_rank("Llama-3-70B", 16) == 1  # replicated: per-rank KV stops shrinking
-    assert b.kv_bytes_per_token("Llama-3-70B", "bf16", 4) == b.kv_bytes_per_token("Llama-3-70B") // 4
-    assert b.weight_bytes("Llama-3-70B", "bf16", 4) == b.weight_bytes("Llama-3-70B") // 4
+    assert b.kv_heads_per_rank("Llama-3.1-70B", 1) == 8
+    assert b.kv_heads_per_rank("Llama-3.1-70B", 4) == 2
+    assert b.kv_heads_per_rank("Llama-3.1-70B", 8) == 1
+    assert b.kv_heads_per_rank("Llama-3.1-70B", 16) == 1  # replicated: per-rank KV stops shrinking
+    assert b.kv_bytes_per_token("Llama-3.1-70B", "bf16", 4) == b.kv_bytes_per_token("Llama-3.1-70B") // 4
+    assert b.weight_bytes("Llama-3.1-70B", "bf16", 4) == b.weight_bytes("Llama-3.1-70B") // 4
     with pytest.raises(ValueError, match="tensor_parallel_size=3"):
-        b.kv_heads_per_rank("Llama-3-70B", 3)
+        b.kv_heads_per_rank("Llama-3.1-70B", 3)
     with pytest.raises(ValueError, match="tensor_parallel_size=12"):
-        b.kv_heads_per_rank("Llama-3-70B", 12)
+        b.kv_heads_per_rank("Llama-3.1-70B", 12)
 
 
 @given(util=st.floats(0.05, 1.0), nonkv=st.floats(0, 10), bs=st.sampled_from([1, 8, 16, 32, 128]))
@@ -116,9 +116,62 @@ def test_startup_check_message_names_both_sizes_the_fit_and_the_knobs():
     # vLLM 0.33.0's wording (kv_cache_planning.py), its stray "(" included.
     assert msg.startswith("To serve at least one request with the model's max seq len (131072), "
                           "(16.0 GiB KV cache is needed")
-    assert "available KV cache memory (4.0 GiB)" in msg
-    assert "maximum model length is 32768" in msg
+    assert "available KV cache memory (4.0 GiB)" in msg  # 4 GiB - 2 MiB, rounded as vLLM's format_gib
+    assert "maximum model length is 32752" in msg  # 2,047 usable blocks: the null block is held back
     assert "`gpu_memory_utilization`" in msg and "`max_model_len`" in msg
+
+
+def test_the_null_block_is_held_back_before_the_check():
+    one = b.block_bytes("Llama-3.1-8B", 16)
+    with pytest.raises(ValueError, match=r"max seq len \(32768\)"):
+        b.check_enough_kv_cache_memory(2_048 * one, "Llama-3.1-8B", 32_768)
+    b.check_enough_kv_cache_memory(2_048 * one, "Llama-3.1-8B", 32_752)
+    b.check_enough_kv_cache_memory(2_049 * one, "Llama-3.1-8B", 32_768)
+    assert b.usable_max_model_len(2_048 * one, "Llama-3.1-8B") == 32_752
+    with pytest.raises(ValueError, match="No available memory for the cache blocks"):
+        b.check_enough_kv_cache_memory(one, "Llama-3.1-8B", 16)
+
+
+def _vllm_estimate(check_memory, per_block, block_size, max_model_len):
+    """vLLM 0.33.0's estimate_max_model_len, transcribed: a binary search over
+    lengths whose cdiv(len, block_size) blocks fit ``check_memory``."""
+    def fits(n):
+        return -(-n // block_size) * per_block <= check_memory
+    if not fits(1):
+        return 0
+    left, right, result = 1, max_model_len, 1
+    while left <= right:
+        mid = (left + right) // 2
+        if fits(mid):
+            result, left = mid, mid + 1
+        else:
+            right = mid - 1
+    return result
+
+
+@given(blocks=st.integers(2, 5_000), extra=st.integers(0, 2 * MiB - 1),
+       block_size=st.sampled_from([1, 8, 16, 32, 128]), max_model_len=st.integers(1, 200_000))
+def test_startup_check_agrees_with_vllms_search(blocks, extra, block_size, max_model_len):
+    per_block = b.block_bytes("Llama-3.1-8B", block_size)
+    pool = blocks * per_block + extra  # a profiled pool need not be whole blocks
+    check_memory = pool - per_block
+    fits = -(-max_model_len // block_size) * per_block <= check_memory
+    try:
+        b.check_enough_kv_cache_memory(pool, "Llama-3.1-8B", max_model_len, block_size)
+    except ValueError as error:
+        assert not fits
+        estimate = _vllm_estimate(check_memory, per_block, block_size, max_model_len)
+        assert f"the estimated maximum model length is {estimate}. " in str(error)
+    else:
+        assert fits
+
+
+def test_max_model_len_beyond_the_context_is_refused_as_vllm_does():
+    with pytest.raises(ValueError, match=r"max_model_len \(32768\) is greater than the derived "
+                                         r"max_model_len \(max_position_embeddings=8192"):
+        b.check_max_model_len("Llama-3-8B", 32_768)
+    assert b.check_max_model_len("Llama-3.1-8B", 32_768) == 32_768
+    assert b.check_max_model_len("Llama-3-8B", 8_192) == 8_192
 
 
 def test_startup_message_drops_the_estimate_when_nothing_fits():
@@ -228,13 +281,13 @@ def test_free_memory_bad_figures_are_named(free_and_total, needle):
 
 
 def test_plan_with_tensor_parallelism_is_per_rank():
-    one = b.plan(model="Llama-3-70B", tensor_parallel_size=4)
+    one = b.plan(model="Llama-3.1-70B", tensor_parallel_size=4)
     assert one.tensor_parallel_size == 4
-    assert one.weight_bytes == b.weight_bytes("Llama-3-70B", "bf16", 4)
+    assert one.weight_bytes == b.weight_bytes("Llama-3.1-70B", "bf16", 4)
     assert one.bytes_per_token == 80 * KiB
     pool = 81_559 * MiB * 0.92 - one.weight_bytes - 6 * GiB
     assert one.pool_bytes == pytest.approx(pool)
-    assert one.num_blocks == b.num_gpu_blocks(pool, "Llama-3-70B", 16, "bf16", 4)
+    assert one.num_blocks == b.num_gpu_blocks(pool, "Llama-3.1-70B", 16, "bf16", 4)
     assert one.contiguous_reservations == int(pool // (32_768 * 80 * KiB))
     assert dict(one.rows())["tensor_parallel_size"] == "4"
     assert "KV pool per GPU" in dict(one.rows())
@@ -242,11 +295,11 @@ def test_plan_with_tensor_parallelism_is_per_rank():
     assert b.plan(weight_gib=14.96, tensor_parallel_size=2).weight_bytes == 7.48 * GiB
     # 70B's weights alone overflow one H100; on two 1.57 GiB is left per rank.
     with pytest.raises(ValueError, match="no memory left"):
-        b.plan(model="Llama-3-70B")
-    assert round(b.plan(model="Llama-3-70B", tensor_parallel_size=2).pool_bytes / GiB, 2) == 1.57
-    assert b.plan(model="Llama-3-70B", tensor_parallel_size=8).num_blocks > one.num_blocks
+        b.plan(model="Llama-3.1-70B")
+    assert round(b.plan(model="Llama-3.1-70B", tensor_parallel_size=2).pool_bytes / GiB, 2) == 1.57
+    assert b.plan(model="Llama-3.1-70B", tensor_parallel_size=8).num_blocks > one.num_blocks
     with pytest.raises(ValueError, match="tensor_parallel_size=3"):
-        b.plan(model="Llama-3-70B", tensor_parallel_size=3)
+        b.plan(model="Llama-3.1-70B", tensor_parallel_size=3)
     assert b.plan(weight_gib=14.96) == b.plan(weight_gib=14.96, tensor_parallel_size=1)
 
 

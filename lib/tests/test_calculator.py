@@ -73,16 +73,16 @@ def test_startup_check_is_applied_and_shown_in_red():
 
 
 def test_tensor_parallel_plans_check_one_rank():
-    # Llama-3-70B: two H100s leave 1.57 GiB per rank, too little for 32,768 tokens
+    # Llama-3.1-70B: two H100s leave 1.57 GiB per rank, too little for 32,768 tokens
     # at 160 KiB/token/rank (5 GiB); four leave 34.42 GiB at 80 KiB/token/rank.
-    two = budget.plan(model="Llama-3-70B", tensor_parallel_size=2)
+    two = budget.plan(model="Llama-3.1-70B", tensor_parallel_size=2)
     assert "(5.0 GiB KV cache is needed" in startup_error(two)
-    four = budget.plan(model="Llama-3-70B", tensor_parallel_size=4)
+    four = budget.plan(model="Llama-3.1-70B", tensor_parallel_size=4)
     assert startup_error(four) is None
     html = plan_html(four, with_figure=False)
     assert "tensor_parallel_size 4" in html and "KV pool per GPU" in html and "34.42 GiB" in html
     # Replicated heads (16 ranks, 8 KV heads) cost each rank one head's KV.
-    assert startup_error(budget.plan(gpu="H200", model="Llama-3-70B", tensor_parallel_size=16)) is None
+    assert startup_error(budget.plan(gpu="H200", model="Llama-3.1-70B", tensor_parallel_size=16)) is None
 
 
 @needs_widgets
@@ -98,14 +98,14 @@ def test_widget_redraws_on_change_and_offers_a_static_rendering():
 
 @needs_widgets
 def test_a_configuration_that_does_not_fit_is_explained_not_raised():
-    calc = BudgetCalculator(gpu="L4", model="Llama-3-70B")
+    calc = BudgetCalculator(gpu="L4", model="Llama-3.1-70B")
     assert "does not fit" in calc.out.value and "no memory left for the KV cache" in calc.out.value
-    assert "L4 · Llama-3-70B" in calc.out.value
+    assert "L4 · Llama-3.1-70B" in calc.out.value
 
 
 @needs_widgets
 def test_widget_tensor_parallel_control_makes_70b_fit():
-    calc = BudgetCalculator(model="Llama-3-70B")
+    calc = BudgetCalculator(model="Llama-3.1-70B")
     assert "no memory left for the KV cache" in calc.out.value
     calc.tp.value = 2
     assert "vLLM would refuse to start" in calc.out.value
@@ -122,3 +122,10 @@ def test_widget_labels_are_not_cut_off_and_values_are_rounded():
     assert int(calc.util.style.description_width.rstrip("px")) >= 170
     calc.util.value = 0.5 + 0.42
     assert "0.9199999" not in calc.out.value
+
+
+def test_a_max_model_len_beyond_the_context_is_vllms_first_refusal():
+    # Llama-3-8B stops at 8,192 tokens: vLLM refuses 32,768 before it sizes any pool.
+    msg = startup_error(budget.plan(model="Llama-3-8B", weight_gib=14.96))
+    assert msg.startswith("User-specified max_model_len (32768) is greater than the derived max_model_len")
+    assert startup_error(budget.plan(model="Llama-3.1-8B", weight_gib=14.96)) is None

@@ -22,6 +22,7 @@ from pagedkv.engine import (EngineArgs, EngineStats, LLMEngine, RequestOutput, R
 from pagedkv.engine.request import EngineRequest
 from pagedkv.engine.sizing import dummy_batch, model_spec_of
 from pagedkv.kv_cache_manager import KVCacheManager
+from pagedkv.common import cdiv
 from pagedkv.model import Model, ModelConfig, dense_logits
 from pagedkv.views.engine_trace import EngineTrace
 
@@ -160,6 +161,29 @@ def test_startup_check_is_chapter_ones_error_on_the_usable_pool():
         assert "`gpu_memory_utilization`" in msg and "`max_model_len`" in msg
     with pytest.raises(ValueError, match="max_position_embeddings=4096"):
         LLMEngine(args.replace(max_model_len=8192), Model(ModelConfig.preset("tiny"), seed=0))
+
+
+@pytest.mark.parametrize("override,max_model_len", [(2048, 32768), (2048, 32752), (2049, 32768),
+                                                    (2048, 131072), (3, 33), (3, 32), (2, 16)])
+def test_chapters_one_and_eight_give_one_answer(override, max_model_len):
+    """Chapter 1's budget check and chapter 8's engine agree, message and all, on the same inputs."""
+    long_ctx = Model(dataclasses.replace(ModelConfig.preset("tiny"), max_position_embeddings=131072), seed=0)
+    spec = model_spec_of(long_ctx.config)
+    pool = override * budget.block_bytes(spec, 16, long_ctx.dtype)
+    try:
+        budget.check_enough_kv_cache_memory(pool, spec, max_model_len, 16, long_ctx.dtype)
+        chapter_one = None
+    except ValueError as error:
+        chapter_one = str(error)
+    args = EngineArgs(num_gpu_blocks_override=override, block_size=16, kernel_backend="torch",
+                      max_model_len=max_model_len)
+    try:
+        LLMEngine(args, long_ctx)
+        chapter_eight = None
+    except ValueError as error:
+        chapter_eight = str(error).split("\n")[0]  # the engine adds a line of its own in blocks
+    assert chapter_one == chapter_eight
+    assert (chapter_one is None) == (cdiv(max_model_len, 16) <= override - 1)
 
 
 def test_pool_sizing_from_kv_cache_memory_on_cpu(model):

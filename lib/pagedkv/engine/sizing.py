@@ -5,7 +5,7 @@ Three ways to size the pool, in vLLM's order of precedence:
 1. ``num_gpu_blocks_override``: that many blocks, the null block included.
 2. ``kv_cache_memory_bytes`` (the flag ``--kv-cache-memory-bytes``), or on a
    machine without a GPU 1 GiB, divided into blocks as ``pagedkv.budget``
-   does (page bytes per layer, then layers: two floors).
+   does (one floor, by one block's bytes across all layers).
 3. On a GPU, profiling, as vLLM 0.33.0's worker does: the instance's budget
    is ``requested = ceil(total x gpu_memory_utilization)``, a share of the
    *total*; it refuses to start when less than that was free before its
@@ -17,7 +17,7 @@ Three ways to size the pool, in vLLM's order of precedence:
    is the same rule with estimated sizes.
 
 The startup check is chapter 1's (``pagedkv.budget.check_enough_kv_cache_memory``),
-run on the *usable* pool: the null block is held back, as vLLM 0.33 does, so
+given the whole pool; it holds the null block back, as vLLM 0.33.0 does, so
 2,048 blocks of 16 hold one request of at most 2,047 x 16 = 32,752 tokens.
 """
 
@@ -156,9 +156,10 @@ def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
     The message is vLLM 0.33.0's, word for word; a second line of ours says
     in blocks what it said in GiB.
     """
-    usable_bytes = pool.num_usable_blocks * pool.block_bytes
     try:
-        budget.check_enough_kv_cache_memory(usable_bytes, model_spec_of(model.config), max_model_len,
+        # vLLM checks the memory it would allocate (the profiled bytes, or
+        # override x one block's bytes); the check holds back the null block.
+        budget.check_enough_kv_cache_memory(pool.pool_bytes, model_spec_of(model.config), max_model_len,
                                             pool.block_size, model.dtype)
     except ValueError as error:
         needed, usable = cdiv(max_model_len, pool.block_size), pool.num_usable_blocks

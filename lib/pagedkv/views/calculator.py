@@ -118,9 +118,11 @@ def rank_model_spec(p: budget.BudgetPlan) -> budget.ModelSpec:
 
 
 def startup_error(p: budget.BudgetPlan) -> str | None:
-    """vLLM's startup-check message if one ``max_model_len`` request does not
-    fit the plan's pool (per rank), else ``None``."""
+    """vLLM's startup message if the plan would not start, else ``None``: a
+    ``max_model_len`` beyond the model's context, or one such request that does
+    not fit the plan's pool (per rank, null block held back)."""
     try:
+        budget.check_max_model_len(p.model, p.max_model_len)
         budget.check_enough_kv_cache_memory(
             p.pool_bytes, rank_model_spec(p), p.max_model_len,
             p.block_size, p.dtype)
@@ -194,11 +196,12 @@ else:
         labels get 170 px so ``gpu_memory_utilization`` is not cut off.
         """
 
-        def __init__(self, gpu="H100 SXM 80GB", model="Llama-3-8B", dtype="bf16",
+        def __init__(self, gpu="H100 SXM 80GB", model=budget.REFERENCE_MODEL, dtype="bf16",
                      gpu_memory_utilization=0.92, non_kv_gib=6.0, max_model_len=32_768,
                      block_size=16, request_len=612, weight_gib=None,
                      tensor_parallel_size=1):
-            self._weight_gib = weight_gib
+            # weight_gib (a logged figure) belongs to the model it came with.
+            self._weight_gib, self._weight_model = weight_gib, model
             style = {"description_width": "170px"}
             layout = widgets.Layout(width="340px")
             kw = {"style": style, "layout": layout}
@@ -236,7 +239,8 @@ else:
             self._redraw()
 
         def current_plan(self) -> budget.BudgetPlan:
-            weight = self._weight_gib if self.model.value == "Llama-3-8B" else None
+            weight = (self._weight_gib
+                      if self.model.value == self._weight_model else None)
             return budget.plan(gpu=self.gpu.value, model=self.model.value,
                                dtype=self.dtype.value,
                                gpu_memory_utilization=round(self.util.value, 4),
