@@ -401,6 +401,21 @@ class BudgetPlan:
         ]
 
 
+def startup_log_lines(p: BudgetPlan) -> list[str]:
+    """The two INFO lines vLLM 0.33.0 logs once the pool is sized, for a plan.
+
+    ``Available KV cache memory`` is the pool (``v1/worker/gpu_worker.py``);
+    the capacity line divides the blocks, null block included, by the blocks
+    one ``max_model_len`` request needs (``get_max_concurrency_for_kv_cache_config``
+    and ``update_kv_cache_capacity`` in ``v1/core/kv_cache_utils.py``).
+    Compare them with a real server's log.
+    """
+    concurrency = p.num_blocks / cdiv(p.max_model_len, p.block_size)
+    return [f"Available KV cache memory: {_gib(p.pool_bytes)} GiB",
+            f"GPU KV cache size: {int(concurrency * p.max_model_len):,} tokens, "
+            f"Maximum concurrency for {p.max_model_len:,} tokens per request: {concurrency:.2f}x"]
+
+
 def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
          model: str | ModelSpec = REFERENCE_MODEL, dtype: str = "bf16",
          gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
@@ -496,10 +511,10 @@ def pool_from_free_memory(model: str | ModelSpec = REFERENCE_MODEL,
     kv_pool_bytes(total, gpu_memory_utilization, w, non_kv)
     requested = math.ceil(total * gpu_memory_utilization)
     if free < requested:
-        raise ValueError(
-            f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB)"
+        raise ValueError(  # vLLM 0.33.0's words (v1/worker/utils.py, lines 761-769)
+            f"Free memory on device cuda:{device} ({_gib(free)}/{_gib(total)} GiB)"
             f" on startup is less than desired GPU memory utilization "
-            f"({gpu_memory_utilization}, {requested / GiB:.2f} GiB). "
+            f"({gpu_memory_utilization}, {_gib(requested)} GiB). "
             f"Decrease GPU memory utilization or reduce GPU memory used by "
             f"other processes.")
     pool = requested - w - non_kv

@@ -49,7 +49,7 @@ def _random_model(rng: random.Random) -> budget.ModelSpec:
 # ------------------------------------------------------------------ mistakes
 KV_MISTAKES = [
     Mistake("K only", "each token stores a key and a value in every layer: "
-            "x 2 (65,536 is half of Llama-3-8B's 131,072)",
+            "x 2 (65,536 is half of Llama-3.1-8B's 131,072)",
             lambda L, H, D, b: L * H * D * b),
     Mistake("bytes per element forgotten", "this counts elements: multiply "
             "by dtype_bytes", lambda L, H, D, b: 2 * L * H * D),
@@ -60,7 +60,7 @@ KV_MISTAKES = [
     Mistake("dtype ignored", "2 bytes hard-coded: use dtype_bytes",
             lambda L, H, D, b: 4 * L * H * D),
     Mistake("a constant", "the answer must depend on the arguments "
-            "(131,072 is Llama-3-8B's only)", lambda *a: 131_072),
+            "(131,072 is Llama-3.1-8B's only)", lambda *a: 131_072),
 ]
 _KV_PROBES = [(3, 5, 7, 1), (3, 5, 7, 4), (2, 1, 64, 2)]
 
@@ -117,7 +117,7 @@ POOL_MISTAKES = [
 
 
 def _pool_probes():
-    llama = budget.model_spec("Llama-3-8B")
+    llama = budget.model_spec("Llama-3.1-8B")
     qwen = budget.model_spec("Qwen2.5-7B")
     return [(81_559, 0.92, 14.96, 6.0, llama, 16, 2),
             (23_034, 0.9, 14.2, 1.5, qwen, 16, 2),
@@ -142,10 +142,10 @@ def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0, timeout: float
         c.probe(lambda: fn(32, 8, 128, 2))
 
         def llama():
-            compare((32, 8, 128, 2), budget.kv_bytes_per_token("Llama-3-8B", "bf16"),
-                    "Llama-3-8B in bf16 (bytes)")
+            compare((32, 8, 128, 2), budget.kv_bytes_per_token("Llama-3.1-8B", "bf16"),
+                    "Llama-3.1-8B in bf16 (bytes)")
 
-        c.prop("Llama-3-8B in bf16 costs 131,072 bytes (128 KiB) per token", llama,
+        c.prop("Llama-3.1-8B in bf16 costs 131,072 bytes (128 KiB) per token", llama,
                "count K and V, in every layer, for every KV head (not every query head)")
 
         def presets():
@@ -174,7 +174,7 @@ catalogue(check_kv_bytes_per_token, KV_MISTAKES)
 def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
     """Check ``fn(total_mib, gpu_memory_utilization, weight_gib, non_kv_gib, model, block_size, dtype_bytes) -> int``."""
     rng = random.Random(seed)
-    llama = budget.model_spec("Llama-3-8B")
+    llama = budget.model_spec("Llama-3.1-8B")
     probes = _pool_probes()
 
     def compare(args, want, what):
