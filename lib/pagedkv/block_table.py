@@ -28,6 +28,7 @@ tokens a block).
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Sequence
 
@@ -35,10 +36,28 @@ import numpy as np
 import torch
 
 from ._device import default_device
-from .common import InvariantError, check_int
+from .common import InvariantError, cdiv, check_int
 
 __all__ = ["BlockTable"]
 
+
+
+def block_table_width(max_model_len: int, block_size: int, token_alignment: int | None = 128) -> int:
+    """Columns vLLM 0.33.0 gives a table row: the blocks of ``max_model_len``, aligned.
+
+    ``cdiv(max_model_len, block_size)`` blocks, rounded up so that the row
+    covers a multiple of ``token_alignment`` tokens (``get_block_table_width``
+    in ``v1/worker/block_table.py``). The spare columns keep a kernel's
+    unmasked tile loads inside the row (chapter 7). Our ``BlockTable`` takes
+    its width as given and does not align it; ``token_alignment=None`` gives
+    the bare count.
+    """
+    blocks = cdiv(check_int(max_model_len, "max_model_len", 1), check_int(block_size, "block_size", 1))
+    if token_alignment is None:
+        return blocks
+    check_int(token_alignment, "token_alignment", 1)
+    step = token_alignment // math.gcd(token_alignment, block_size)
+    return cdiv(blocks, step) * step
 
 
 class BlockTable:

@@ -229,3 +229,19 @@ def test_check_names_a_broken_invariant():
     bt.np[0, 1] = -3
     with pytest.raises(InvariantError, match="invariant 'live block ids are >= 0' broken: row 0 column 1 holds -3"):
         bt.check()
+
+
+@pytest.mark.parametrize("max_model_len,block_size,expected", [
+    (192, 16, 16),        # 12 blocks, aligned to 8 blocks = 128 tokens
+    (32_768, 16, 2_048),  # already a multiple of 128 tokens
+    (100, 16, 8),
+    (1_000, 48, 24),      # 21 blocks; 128 and 48 share 16, so steps of 8 blocks
+    (257, 256, 2),        # blocks larger than the alignment: no rounding
+])
+def test_table_width_aligns_to_128_tokens_as_vllm(max_model_len, block_size, expected):
+    from pagedkv.block_table import block_table_width
+    assert block_table_width(max_model_len, block_size) == expected
+    # The aligned row covers a multiple of 128 tokens, and never fewer blocks than needed.
+    width = block_table_width(max_model_len, block_size)
+    assert width * block_size % 128 == 0 or block_size % 128 == 0
+    assert width >= block_table_width(max_model_len, block_size, token_alignment=None)
