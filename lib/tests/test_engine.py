@@ -627,3 +627,15 @@ def test_live_views_follow_the_engine_throttled(model):
     assert pool_view.redraws == n
     with pytest.raises(ValueError, match="engine's pool"):
         BlockPoolView(KVCacheManager(4, 4).block_pool).attach(engine)
+
+
+def test_to_cli_refuses_what_vllm_would_refuse_and_names_the_rule():
+    with pytest.warns(UserWarning, match="with a single KV cache group"):
+        args = EngineArgs(block_size=16, prefix_match_unit=4)
+    with pytest.raises(ValueError, match=r"Invalid prefix_match_unit=4; with a single KV cache group, "
+                                         r"prefix-cache hits land on the block size \(16\)"):
+        args.to_cli("meta-llama/Llama-3.1-8B")
+    with pytest.raises(ValueError, match="block_size=8: .* multiples of 16"):
+        EngineArgs(block_size=8).to_cli()
+    assert EngineArgs(block_size=16, prefix_match_unit=16).vllm_refusals() == []
+    assert EngineArgs(block_size=32).to_cli().startswith("vllm serve MODEL")

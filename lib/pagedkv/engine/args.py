@@ -13,6 +13,7 @@ configuration next to a real server's.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 from .._device import on_gpu
@@ -87,6 +88,12 @@ def vllm_default_limits(entry: str, gpu_class: str = "other") -> tuple[int, int]
 
 
 
+def single_group_match_unit_error(prefix_match_unit: int, block_size: int) -> str:
+    """vLLM 0.33.0's startup error for a match unit other than the block size on a one-group model."""
+    return (f"Invalid prefix_match_unit={prefix_match_unit}; with a single KV cache group, prefix-cache "
+            f"hits land on the block size ({block_size}). Unset it or set it to {block_size}.")
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     """The engine's configuration, with ``vllm serve``'s names and vLLM's defaults where it has them.
@@ -114,7 +121,12 @@ class EngineArgs:
             1 GiB on a CPU.
         prefix_match_unit: prefix-match granularity in tokens, a divisor of
             ``block_size`` (None: ``block_size``). Finer units make hits end
-            inside a block, which the engine serves by copy-on-write.
+            inside a block, which the engine serves by copy-on-write. A
+            teaching setting here: vLLM 0.33.0 accepts a unit other than the
+            block size only for models with several KV-cache groups (hybrids),
+            and refuses it for a single-group model such as Llama
+            (``v1/core/kv_cache_utils.py``, lines 840-858); so a finer unit
+            warns, and ``to_cli`` refuses to print it.
         kernel_backend: ``"auto"``, ``"triton"`` or ``"torch"``.
         seed: seeds torch before the engine runs anything.
         log_stats_interval: print a vLLM-like stats line every this many steps
@@ -156,6 +168,10 @@ class EngineArgs:
         if self.prefix_match_unit is not None and self.block_size % self.prefix_match_unit:
             raise ValueError(f"EngineArgs.prefix_match_unit={self.prefix_match_unit} must divide "
                              f"block_size={self.block_size}")
+        if self.prefix_match_unit not in (None, self.block_size):
+            warnings.warn(f"{single_group_match_unit_error(self.prefix_match_unit, self.block_size)} "
+                          "(vLLM 0.33.0 refuses this for a model with one KV-cache group; "
+                          "this library allows it for teaching)", stacklevel=3)
         if not isinstance(self.kernel_backend, str):
             raise TypeError(f"EngineArgs.kernel_backend must be a str, got "
                             f"{type(self.kernel_backend).__name__} {self.kernel_backend!r}")
@@ -207,8 +223,33 @@ class EngineArgs:
             rows.append((f.name, flag, shown + (f"  ({note})" if note and (flag == "-" or value is None) else "")))
         return rows
 
+    def vllm_refusals(self) -> list[str]:
+        """Why ``vllm serve`` 0.33.0 would refuse these args for a single-group model on CUDA (empty: none).
+
+        Two rules this library relaxes for teaching: a ``prefix_match_unit``
+        other than the block size needs several KV-cache groups, and vLLM's
+        CUDA attention backends (FlashAttention, Triton) take block sizes that
+        are multiples of 16 (``get_supported_kernel_block_sizes`` in
+        ``v1/attention/backends/flash_attn.py``, ``supports_block_size`` in
+        ``triton_attn.py``).
+        """
+        problems = []
+        if self.prefix_match_unit not in (None, self.block_size):
+            problems.append(single_group_match_unit_error(self.prefix_match_unit, self.block_size))
+        if self.block_size % 16:
+            problems.append(f"block_size={self.block_size}: vLLM 0.33.0's FlashAttention and Triton "
+                            "backends on CUDA take only multiples of 16")
+        return problems
+
     def to_cli(self, model: str = "MODEL") -> str:
-        """The ``vllm serve`` command line for these args (fields left at None are omitted)."""
+        """The ``vllm serve`` command line for these args (fields left at None are omitted).
+
+        Refuses (``ValueError``, naming the rule) args that vLLM 0.33.0 would
+        refuse at startup; see :meth:`vllm_refusals`.
+        """
+        problems = self.vllm_refusals()
+        if problems:
+            raise ValueError("vllm serve would refuse these args: " + "; ".join(problems))
         parts = [f"vllm serve {model}"]
         for f in dataclasses.fields(self):
             flag, value = CLI_FLAGS[f.name], getattr(self, f.name)

@@ -363,9 +363,11 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
     group = num_heads // num_kv_heads
     max_q = max(q_lens, default=0)
     decode = max_q <= 1
-    # A decode batch (every q_len 1) needs only the group's rows (tl.dot wants
-    # at least 16); a prefill tile takes several tokens, so that one K/V tile
-    # serves more queries.
+    # A decode batch (every q_len 1) needs only the group's rows. Triton accepts
+    # a smaller tl.dot (M, N >= 1, K >= 16: min_dot_size in Triton's NVIDIA
+    # backend) but pads it to the tensor cores' 16-row MMA fragment, so 16 rows
+    # cost no more than 4; a prefill tile takes several tokens, so that one K/V
+    # tile serves more queries.
     block_m = max(16 if decode else 64, triton.next_power_of_2(group))
     block_q = block_m // group
     # The tiles depend on dtype and head_dim only, never on the device, so a

@@ -5,8 +5,12 @@ cache. The caches are block-major, ``[num_blocks, block_size, num_kv_heads,
 head_dim]``, so viewed flat as ``[num_blocks * block_size, num_kv_heads,
 head_dim]`` a slot is simply a row index: token ``t`` copies its
 ``[num_kv_heads, head_dim]`` key and value into row ``slot_mapping[t]``. All
-layers share one slot mapping; only the cache tensors differ. vLLM calls this
-op ``reshape_and_cache``; ours has the same name and the same argument order.
+layers share one slot mapping; only the cache tensors differ. In vLLM 0.33.0
+the op that writes this block-major layout is ``reshape_and_cache_flash``
+(``_custom_ops.py``; the Triton backend's twin is
+``triton_reshape_and_cache_flash``); vLLM's plain ``reshape_and_cache`` writes
+ROCm's older split layout. Ours takes the same argument order, under the
+shorter name ``reshape_and_cache`` and under vLLM's, ``reshape_and_cache_flash``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import triton.language as tl
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 from .tensor_checks import check_tensor_args
 
-__all__ = ["reshape_and_cache", "reshape_and_cache_ref", "launch_reshape_and_cache", "KV_DTYPES"]
+__all__ = ["reshape_and_cache", "reshape_and_cache_flash", "reshape_and_cache_ref", "launch_reshape_and_cache", "KV_DTYPES"]
 
 KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -136,3 +140,7 @@ def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping) -> N
     real = slot_mapping >= 0
     key_cache.view(-1, heads, dim)[slot_mapping[real]] = key[real]
     value_cache.view(-1, heads, dim)[slot_mapping[real]] = value[real]
+
+
+# vLLM's name for the block-major write (the layout this book uses).
+reshape_and_cache_flash = reshape_and_cache

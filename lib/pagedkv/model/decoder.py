@@ -13,7 +13,7 @@ Two forward passes share every layer and differ only in attention:
 
 * ``Model.forward`` is the serving path. Tokens of all requests arrive
   concatenated (``[num_tokens]``); each layer writes this step's K/V to their
-  slots (``reshape_and_cache``) and attends through the block table
+  slots (``reshape_and_cache``, vLLM's ``reshape_and_cache_flash``) and attends through the block table
   (``paged_attention``). Prefill chunks and decode tokens mix in one launch.
   ``kernel_backend``: "triton" (the kernels), "torch" (the whole batch in
   PyTorch, ``paged_attention.py``: the CPU path) or "torch-ref" (the kernels'
