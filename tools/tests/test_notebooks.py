@@ -145,3 +145,12 @@ def test_check_site_refuses_a_script_constant_declared_twice(tmp_path, monkeypat
     assert _notebooks.check_site() == 0  # a repeated var is legal JavaScript
     (site / "b.html").write_text('<script>const U = "u"</script><p></p><script>const U = "u"</script>')
     assert _notebooks.check_site() == 1
+
+
+def test_run_cell_registers_its_source_for_inspect(tmp_path):
+    # What compiled @triton.jit needs: the function's source, found through linecache.
+    import inspect
+
+    ns: dict = {}
+    _notebooks.run_cell("def f(x):\n    return x + 1", ns, "<nb.ipynb cell 7>")
+    assert inspect.getsource(ns["f"]) == "def f(x):\n    return x + 1\n"
