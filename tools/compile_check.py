@@ -166,31 +166,92 @@ def library_cases():
     return cases
 
 
-def solution_cases():
-    """The exercise solutions' kernels, loaded from the committed notebooks."""
-    from tools.notebooks import load_cell_function
+# Launch arguments (meta tensors) of the kernels the notebooks define, by kernel
+# name: what the notebooks' launchers pass, at the chapters' GPU shapes (64
+# requests, 4k tokens, Llama-3-8B's heads). An exercise's stub and its solution
+# share a name and a signature.
+def _slot_mapping_args():
+    i64 = torch.int64
+    return ((_meta(64, 257, dtype=torch.int32), 257, _meta(4096, dtype=i64), _meta(4096, dtype=i64),
+             _meta(4096, dtype=i64), 4096, 16), dict(TILE=128))
 
-    cases = []
-    nb5, nb7 = ROOT / "solutions" / "05_slot_mapping.ipynb", ROOT / "solutions" / "07_paged_attention.ipynb"
-    slots = load_cell_function(nb5, "slot_mapping_kernel")
-    cases.append(Case("solution slot_mapping b16", slots,
-                      (_meta(64, 257, dtype=torch.int32), 257, _meta(4096, dtype=torch.int64),
-                       _meta(4096, dtype=torch.int64), _meta(4096, dtype=torch.int64), 4096, 16),
-                      dict(TILE=128), dict(kernel="slot_mapping_kernel", kind="solution 05"), quick=True))
-    write = load_cell_function(nb5, "kv_write_kernel")
+
+def _kv_write_args():
     key, cache = _meta(64, KV_HEADS, 128), _meta(8, 16, KV_HEADS, 128)
-    cases.append(Case("solution kv_write bf16 d128", write,
-                      (key, key, cache, cache, _meta(64, dtype=torch.int64), KV_HEADS * 128),
-                      dict(WIDTH_P2=KV_HEADS * 128), dict(kernel="kv_write_kernel", kind="solution 05",
-                                                          dtype="bf16", head_dim=128), quick=True))
-    decode = load_cell_function(nb7, "decode_kernel")
+    return (key, key, cache, cache, _meta(64, dtype=torch.int64), KV_HEADS * 128), dict(WIDTH_P2=KV_HEADS * 128)
+
+
+def _decode_args(dtype=torch.bfloat16, hd=128):
+    q, cache = _meta(64, HEADS, hd, dtype=dtype), _meta(1, 16, KV_HEADS, hd, dtype=dtype)
+    return ((q, cache, cache, _meta(64, 257, dtype=torch.int32), _meta(64, dtype=torch.int32), q,
+             hd ** -0.5, HEADS, KV_HEADS, 16, 257), dict(GROUP=4, GROUP_P2=4, HEAD_DIM=hd, TILE=16))
+
+
+NOTEBOOK_LAUNCHES = {"slot_mapping_kernel": _slot_mapping_args, "kv_write_kernel": _kv_write_args,
+                     "decode_kernel": _decode_args}
+
+
+@contextlib.contextmanager
+def _compiled_mode():
+    """Decorate as a GPU machine does: without the TRITON_INTERPRET=1 that pagedkv set on this CPU."""
+    before = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def notebook_kernels() -> list[tuple[str, int, JITFunction]]:
+    """Every ``@triton.jit`` kernel a notebook defines: ``(notebook, cell index, kernel)``.
+
+    Each kernel cell runs as ``python -m tools.notebooks run-plain`` runs it
+    (``run_cell``, under the cell's own file name) with Triton in compiled
+    mode, so a cell that would not decorate on a GPU raises here.
+    """
+    import triton.language as tl
+    from tools.notebooks import NOTEBOOK_DIRS, cell_filename, run_cell
+
+    found = []
+    for path in sorted(p for d in NOTEBOOK_DIRS for p in (ROOT / d).glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            src = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "@triton.jit" not in src:
+                continue
+            ns = {"__name__": "__main__", "torch": torch, "triton": triton, "tl": tl}
+            with _compiled_mode(), contextlib.redirect_stdout(io.StringIO()):
+                run_cell(src, ns, cell_filename(path, i))
+            rel = f"{path.parent.name}/{path.name}"
+            found += [(rel, i, v) for k, v in ns.items() if isinstance(v, JITFunction) and k == v.fn.__name__]
+    return found
+
+
+def notebook_cases() -> list[Case]:
+    """A case per notebook kernel, with the launch arguments ``NOTEBOOK_LAUNCHES`` names."""
+    cases = []
+    for notebook, cell, kernel in notebook_kernels():
+        name = kernel.fn.__name__
+        if name not in NOTEBOOK_LAUNCHES:
+            raise CompileCheckError(f"{notebook} cell {cell} defines {name}, which has no launch "
+                                    "arguments: add it to NOTEBOOK_LAUNCHES in tools/compile_check.py")
+        args, kwargs = NOTEBOOK_LAUNCHES[name]()
+        cases.append(Case(f"{notebook} cell {cell}: {name}", kernel, args, kwargs,
+                          dict(kernel=name, kind="notebook", notebook=notebook, cell=cell)))
+    return cases
+
+
+def solution_cases():
+    """The exercise solutions' kernels, decorated from the committed notebooks as run-plain does."""
+    kernels = {(nb, k.fn.__name__): k for nb, _, k in notebook_kernels() if nb.startswith("solutions/")}
+    slots, write = (kernels["solutions/05_slot_mapping.ipynb", n] for n in ("slot_mapping_kernel", "kv_write_kernel"))
+    decode = kernels["solutions/07_paged_attention.ipynb", "decode_kernel"]
+    cases = [Case("solution slot_mapping b16", slots, *_slot_mapping_args(),
+                  dict(kernel="slot_mapping_kernel", kind="solution 05"), quick=True),
+             Case("solution kv_write bf16 d128", write, *_kv_write_args(),
+                  dict(kernel="kv_write_kernel", kind="solution 05", dtype="bf16", head_dim=128), quick=True)]
     for dt, dtype in DTYPES.items():
         for hd in (64, 128, 256):
-            q, cache = _meta(64, HEADS, hd, dtype=dtype), _meta(1, 16, KV_HEADS, hd, dtype=dtype)
-            args = (q, cache, cache, _meta(64, 257, dtype=torch.int32), _meta(64, dtype=torch.int32), q,
-                    hd ** -0.5, HEADS, KV_HEADS, 16, 257)
-            cases.append(Case(f"solution decode 64 x 4k {dt} d{hd} b16", decode, args,
-                              dict(GROUP=4, GROUP_P2=4, HEAD_DIM=hd, TILE=16),
+            cases.append(Case(f"solution decode 64 x 4k {dt} d{hd} b16", decode, *_decode_args(dtype, hd),
                               dict(kernel="decode_kernel", kind="solution 07", dtype=dt, head_dim=hd,
                                    block_size=16), quick=(dt, hd) == ("bf16", 128)))
     return cases

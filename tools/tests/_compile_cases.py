@@ -55,6 +55,12 @@ def main(name: str) -> dict:
         cases = [c for c in cc.all_cases(quick=True) if c.name == "decode 64 x 4k bf16 d128 b16"]
         rows, failures = cc.run_cases(cases)
         failures += cc.stale_rows(rows, json.loads(cc.REPORT_JSON.read_text()))
+    elif name == "notebooks":
+        try:
+            cases = cc.notebook_cases()
+        except Exception as exc:  # a cell that does not decorate in compiled mode, or has no arguments
+            return dict(rows=[], failures=[f"{type(exc).__name__}: {exc}"], triton=triton.__version__)
+        rows, failures = cc.run_cases(cases, targets=("sm_90",))
     elif name == "copy":
         rows, failures = cc.run_cases(_copy_aligned_and_not(), targets=("sm_90",))
     else:

@@ -91,6 +91,20 @@ def test_the_committed_report_is_what_the_compiler_gives_now():
     assert all(got["rows"][0][t]["kv_buffers"] >= 2 for t in cc.TARGETS)
 
 
+def test_every_notebook_kernel_decorates_and_compiles_for_sm90():
+    # run-plain's way of running a cell, with Triton in compiled mode as on a GPU:
+    # "@jit functions should be defined in a Python file" unless the cell's
+    # source is registered under its own file name.
+    got = _compile("notebooks")
+    assert got["failures"] == []
+    defining = {f"{p.parent.name}/{p.name}" for d in ("chapters", "exercises", "solutions")
+                for p in sorted((ROOT / d).glob("*.ipynb"))
+                if any(c["cell_type"] == "code" and "@triton.jit" in "".join(c["source"])
+                       for c in json.loads(p.read_text())["cells"])}
+    assert defining and {r["notebook"] for r in got["rows"]} == defining
+    assert all(r["sm_90"]["regs"] > 0 for r in got["rows"])
+
+
 def test_copy_blocks_moves_16_bytes_per_load_when_aligned():
     got = _compile("copy")
     assert got["failures"] == []

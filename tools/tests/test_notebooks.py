@@ -145,3 +145,31 @@ def test_check_site_refuses_a_script_constant_declared_twice(tmp_path, monkeypat
     assert _notebooks.check_site() == 0  # a repeated var is legal JavaScript
     (site / "b.html").write_text('<script>const U = "u"</script><p></p><script>const U = "u"</script>')
     assert _notebooks.check_site() == 1
+
+
+def test_run_plain_skips_cells_whose_guard_is_false(tmp_path, capsys):
+    # Chapter 8 on a machine without the real model: HAVE_MODEL is False and its
+    # cells print nothing of the committed text, which is not a difference.
+    nb = nbformat.v4.new_notebook()
+    guard = nbformat.v4.new_code_cell("HAVE_MODEL = False")
+    cell = nbformat.v4.new_code_cell("if HAVE_MODEL:\n    print('Paris')")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="Paris\n")]
+    nb.cells = [guard, cell]
+    path = tmp_path / "model.ipynb"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 0
+    assert "cell 1: HAVE_MODEL is false here" in capsys.readouterr().out
+    guard.source = "HAVE_MODEL = True"  # with the model the cell runs and is compared
+    cell.source = "if HAVE_MODEL:\n    print('Lyon')"
+    nbformat.write(nb, path)
+    assert _notebooks.run_plain([str(path)]) == 1
+    assert "printed text differs" in capsys.readouterr().out
+
+
+def test_run_cell_registers_its_source_for_inspect(tmp_path):
+    # What compiled @triton.jit needs: the function's source, found through linecache.
+    import inspect
+
+    ns: dict = {}
+    _notebooks.run_cell("def f(x):\n    return x + 1", ns, "<nb.ipynb cell 7>")
+    assert inspect.getsource(ns["f"]) == "def f(x):\n    return x + 1\n"
