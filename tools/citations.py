@@ -447,7 +447,8 @@ def convert_one(text: Text, m: re.Match, floor: int, wheel: Wheel, known: set[st
                 return _replacement(text, m, base, name, file, first, last)
     shown = " or ".join(f"`{f}`" for f in files)
     if names and len(names) == 1 and _adjacent(text, names[0], m):
-        return Conversion(where, old, None, f"{names[0][1].group(0)} is not in {_lines_label(first, last)} of {shown}")
+        name = " ".join(names[0][1].group(0).split())
+        return Conversion(where, old, None, f"{name} is not in {_lines_label(first, last)} of {shown}")
     return Conversion(where, old, None, f"no name before it occurs in {_lines_label(first, last)} of {shown}")
 
 
