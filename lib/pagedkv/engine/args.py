@@ -52,8 +52,8 @@ _NOTES = {
 
 
 #: GPU classes vLLM 0.33.0 picks its scheduler defaults by
-#: (``EngineArgs.get_batch_defaults`` in
-#: ``vllm/engine/arg_utils.py``, lines 2940-3006): by total device memory,
+#: (``EngineArgs.get_batch_defaults``,
+#: ``engine/arg_utils.py:2940-3006``): by total device memory,
 #: with the A100 (and the GB10) kept in the small class.
 VLLM_GPU_CLASSES = ("other", "H100/H200", ">=160 GiB")
 

@@ -10,8 +10,8 @@ blocks the first one computed, which is how the n samples share the prompt's
 memory.
 
 Outputs are gathered as vLLM's ``LLM.generate`` asks for them
-(``RequestOutputKind.FINAL_ONLY``, ``vllm/entrypoints/common/offline.py``,
-line 577; ``ParentRequest.get_outputs``, line 102): nothing is reported for
+(``RequestOutputKind.FINAL_ONLY``, ``entrypoints/common/offline.py:577``;
+``ParentRequest.get_outputs``, ``v1/engine/parallel_sampling.py:102``): nothing is reported for
 the parent until every child has finished, then one ``RequestOutput`` with
 the parent's id whose ``outputs`` are the n completions, index 0..n-1.
 """

@@ -20,7 +20,7 @@ __all__ = ["RequestStatus", "EngineRequest", "RequestOutput", "CompletionOutput"
 
 @dataclass
 class Logprob:
-    """One token's log-probability at one position (vLLM's ``Logprob``, ``vllm/logprobs.py``, line 13).
+    """One token's log-probability at one position (vLLM's ``Logprob``, ``logprobs.py:13``).
 
     ``rank``: 1 for the most likely token; ``decoded_token``: the token's
     text when the engine has a tokenizer, else None.
@@ -36,7 +36,7 @@ def find_stop(text: str, stop: str, floor: int) -> int:
 
     ``floor`` is the length of the text of the first ``min_tokens`` tokens: a
     stop string counts only once it ends after them, as vLLM's detokenizer
-    checks only the text past that offset (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+    checks only the text past that offset (``min_tokens``, ``v1/engine/detokenizer.py:134-136``).
     """
     return text.find(stop, max(0, floor - len(stop) + 1))
 
@@ -143,7 +143,7 @@ class EngineRequest(Request):
         ``max_model_len``); ``stop`` strings are checked on the text last.
         ``min_tokens`` needs no test here for EOS and stop ids: the sampler
         masked them until then (vLLM's ``check_stop`` relies on the same mask,
-        ``vllm/v1/core/sched/utils.py``, lines 98-126); stop strings are
+        ``check_stop``, ``v1/core/sched/utils.py:98-126``); stop strings are
         searched only in the text after the first ``min_tokens`` tokens.
         """
         last = self.output_token_ids[-1]

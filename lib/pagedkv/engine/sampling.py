@@ -63,7 +63,7 @@ class SamplingParams:
             end the output before this many tokens were generated (their logits
             are masked, vLLM's ``MinTokensLogitsProcessor``), and a ``stop``
             string counts only once it ends in text after those tokens
-            (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+            (``stop``, ``v1/engine/detokenizer.py:134-136``).
         logprobs: None; an int k >= 0 returns, for every generated token, the
             log-probabilities of the sampled token and of the k most likely ones
             (-1: the whole vocabulary). They come from the raw logits, before
@@ -196,7 +196,7 @@ def mask_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> 
     """Set ``logits[rows[j], token_ids[j]]`` to -inf in place: those tokens cannot be drawn, even by argmax.
 
     min_tokens uses it for the stop tokens of rows still short of their minimum
-    (vLLM's ``MinTokensLogitsProcessor``, ``vllm/v1/sample/logits_processor/builtin.py``, line 165).
+    (vLLM's ``MinTokensLogitsProcessor``, ``v1/sample/logits_processor/builtin.py:165``).
     """
     if rows:
         dev = logits.device
@@ -209,7 +209,7 @@ def gather_logprobs(raw_logits: torch.Tensor, num_logprobs: int, token_ids: torc
     """Log-probabilities of the sampled tokens and the top ``num_logprobs``, for ``raw_logits [rows, vocab]``.
 
     One ``log_softmax`` and one ``topk`` for all rows (vLLM's ``Sampler.gather_logprobs``,
-    ``vllm/v1/sample/sampler.py``, lines 373-420). Returns ``(sampled [rows], ranks [rows],
+    ``v1/sample/sampler.py:373-420``). Returns ``(sampled [rows], ranks [rows],
     top_logprobs [rows, k], top_ids [rows, k])``; a sampled token's rank is the number of
     tokens at least as likely, itself included (1 = the most likely), as vLLM's
     ``batched_count_greater_than`` counts it (``vllm/v1/sample/ops/logprobs.py``).
