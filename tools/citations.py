@@ -264,8 +264,12 @@ class Wheel:
 # --- Checking -----------------------------------------------------------------
 
 def _prose_only(text: str) -> str:
-    """A stretch of source as words: comment marks dropped, whitespace collapsed."""
-    return " ".join(re.sub(r"(?m)^\s*#+", " ", text).split())
+    """A stretch of source as words: comment marks dropped, a message that Python
+    concatenates from several literals ("... on the "\n f"block size") joined into
+    one, whitespace collapsed."""
+    text = re.sub(r"(?m)^\s*#+", " ", text)
+    text = re.sub(r"(?<!\\)([\"'])\s*[rRbBfFuU]{0,2}\1", "", text)
+    return " ".join(text.split())
 
 
 def occurs(name: str, quoted: bool, lines: list[str]) -> bool:

@@ -21,6 +21,9 @@ BLOCK_POOL = "\n".join([
     "        pass",                                        # 21
 ]) + "\n"
 SAMPLING = "class SamplingParams:\n    n: int = 1\n    seed: int | None = None\n"
+MESSAGE = ('raise ValueError(\n    f"Invalid prefix_match_unit={unit}; "\n'
+           '    "with a single KV cache group, prefix-cache hits land on the "\n'
+           '    f"block size ({bs})."\n)\n')
 
 
 @pytest.fixture
@@ -30,6 +33,7 @@ def wheel_path(tmp_path):
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("vllm/v1/core/block_pool.py", BLOCK_POOL)
         z.writestr("vllm/sampling_params.py", SAMPLING)
+        z.writestr("vllm/v1/core/kv_cache_utils.py", MESSAGE)
         z.writestr("vllm/v1/attention/ops/triton_unified_attention.py", "MAX_3D_QUERY_LEN = 8\n")
         z.writestr("vllm/v1/attention/ops/ultraquant/triton_unified_attention.py", "MAX_3D_QUERY_LEN = 8\n")
     return path
@@ -64,6 +68,14 @@ def test_good_citations_in_every_form_pass(tmp_path, wheel):
             "`BlockPool.touch` (`v1/core/block_pool.py:20`) does nothing; as its comment says\n"
             "(\"Free blocks go to the tail, ... reverse order\", `v1/core/block_pool.py:5-6`).\n")
     assert problems_in(tmp_path, wheel, "book/a.md", page) == []
+
+
+def test_a_quoted_message_may_span_literals_and_cut_with_an_ellipsis(tmp_path, wheel):
+    page = ('vLLM raises "Invalid prefix_match_unit=…; with a single KV cache group,\n'
+            'prefix-cache hits land on the block size" (`v1/core/kv_cache_utils.py:1-5`).\n')
+    assert problems_in(tmp_path, wheel, "a.md", page) == []
+    [problem] = problems_in(tmp_path, wheel, "b.md", page.replace("land on", "fall on"))
+    assert "not in lines 1-5 of `v1/core/kv_cache_utils.py`; not in the file at all" in problem
 
 
 def test_the_name_may_sit_three_lines_outside_the_range_but_not_four(tmp_path, wheel):
