@@ -125,7 +125,7 @@ class EngineArgs:
             teaching setting here: vLLM 0.33.0 accepts a unit other than the
             block size only for models with several KV-cache groups (hybrids),
             and refuses it for a single-group model such as Llama
-            (``v1/core/kv_cache_utils.py``, lines 840-858); so a finer unit
+            (``prefix_match_unit``, ``v1/core/kv_cache_utils.py:840-858``); so a finer unit
             warns, and ``to_cli`` refuses to print it.
         kernel_backend: ``"auto"``, ``"triton"`` or ``"torch"``.
         seed: seeds torch before the engine runs anything.
