@@ -377,13 +377,13 @@ def _ranges(text: str) -> list[tuple[int, int]]:
 
 
 def _names_before(text: Text, start: int, floor: int) -> list[tuple[int, re.Match]]:
-    """Code spans and quoted fragments before ``start`` (back to ``floor``), nearest first,
-    leaving out spans that are themselves paths."""
-    window = text.text[max(floor, start - 300):start]
-    base = max(floor, start - 300)
-    spans = re.finditer(_SPAN + r"(?P<code>[^`]+?)(?P=tick)(?!`)|[\"\u201c](?P<quote>[^\"\u201c\u201d]+)[\"\u201d]", window)
-    keep = [m for m in spans if not FILE_SPAN.fullmatch(m.group("code") or "")]
-    return [(base, m) for m in reversed(keep)]
+    """Code spans and quoted fragments in the 300 characters before ``start`` (not before
+    ``floor``), nearest first, leaving out spans that are themselves paths. The spans are
+    found from ``floor`` on, so that backticks pair up as they do in the text."""
+    spans = re.finditer(_SPAN + r"(?P<code>[^`]+?)(?P=tick)(?!`)|[\"\u201c](?P<quote>[^\"\u201c\u201d]+)[\"\u201d]",
+                        text.text[floor:start])
+    keep = [m for m in spans if m.end() >= start - floor - 300 and not FILE_SPAN.fullmatch(m.group("code") or "")]
+    return [(floor, m) for m in reversed(keep)]
 
 
 def _resolve(path: str, wheel: Wheel, known: set[str]) -> list[str]:
