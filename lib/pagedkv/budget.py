@@ -329,11 +329,12 @@ def _gib(num_bytes: float) -> str:
 
 def startup_error_message(max_model_len: int, needed_bytes: float, available_bytes: float,
                           estimated_max_len: int) -> str:
-    """vLLM 0.33.0's startup error, word for word (``vllm/v1/core/kv_cache_planning.py``, lines 68-86).
+    """vLLM 0.33.0's startup error, word for word.
 
-    The text is vLLM's, including its unbalanced parenthesis before the GiB
-    needed, so that a reader can search a real server's log for it. The
-    estimate sentence appears only when some length fits, as in vLLM.
+    The text is vLLM's (``ValueError``, ``v1/core/kv_cache_planning.py:68-86``),
+    including its unbalanced parenthesis before the GiB needed, so that a
+    reader can search a real server's log for it. The estimate sentence
+    appears only when some length fits, as in vLLM.
     """
     estimate = ""
     if estimated_max_len > 0:
@@ -511,7 +512,9 @@ def pool_from_free_memory(model: str | ModelSpec = REFERENCE_MODEL,
     kv_pool_bytes(total, gpu_memory_utilization, w, non_kv)
     requested = math.ceil(total * gpu_memory_utilization)
     if free < requested:
-        raise ValueError(  # vLLM 0.33.0's words (v1/worker/utils.py, lines 761-769)
+        # vLLM 0.33.0's words ("is less than desired GPU memory utilization",
+        # ``v1/worker/utils.py:761-769``).
+        raise ValueError(
             f"Free memory on device cuda:{device} ({_gib(free)}/{_gib(total)} GiB)"
             f" on startup is less than desired GPU memory utilization "
             f"({gpu_memory_utilization}, {_gib(requested)} GiB). "

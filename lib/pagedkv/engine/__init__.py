@@ -45,7 +45,7 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   ``LLMEngine.step`` (``CUMULATIVE`` by default) streams each child's output.
   There is no ``SamplingParams.output_kind``.
 - ``logprobs`` is not capped: up to the vocabulary size, -1 included (vLLM
-  rejects more than ``max_logprobs``, 20 by default, ``vllm/config/model.py``, line 286).
+  rejects more than ``max_logprobs`` (``config/model.py:286``), 20 by default).
 """
 
 from .args import CLI_FLAGS, KERNEL_BACKENDS, EngineArgs

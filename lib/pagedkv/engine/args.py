@@ -52,8 +52,8 @@ _NOTES = {
 
 
 #: GPU classes vLLM 0.33.0 picks its scheduler defaults by
-#: (``EngineArgs.get_batch_defaults`` in
-#: ``vllm/engine/arg_utils.py``, lines 2940-3006): by total device memory,
+#: (``EngineArgs.get_batch_defaults``,
+#: ``engine/arg_utils.py:2940-3006``): by total device memory,
 #: with the A100 (and the GB10) kept in the small class.
 VLLM_GPU_CLASSES = ("other", "H100/H200", ">=160 GiB")
 
@@ -125,7 +125,7 @@ class EngineArgs:
             teaching setting here: vLLM 0.33.0 accepts a unit other than the
             block size only for models with several KV-cache groups (hybrids),
             and refuses it for a single-group model such as Llama
-            (``v1/core/kv_cache_utils.py``, lines 840-858); so a finer unit
+            (``prefix_match_unit``, ``v1/core/kv_cache_utils.py:840-858``); so a finer unit
             warns, and ``to_cli`` refuses to print it.
         kernel_backend: ``"auto"``, ``"triton"`` or ``"torch"``.
         seed: seeds torch before the engine runs anything.

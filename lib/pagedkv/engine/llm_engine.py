@@ -171,7 +171,7 @@ class LLMEngine:
 
     def _check_min_tokens(self, params: SamplingParams, prompt_len: int) -> None:
         """Without max_tokens the length cap is max_model_len: min_tokens must fit it (as vLLM checks,
-        ``vllm/v1/engine/input_processor.py``, lines 477-486)."""
+        ``sampling_params.min_tokens > sampling_params.max_tokens``, ``v1/engine/input_processor.py:477-486``)."""
         room = self.max_model_len - prompt_len
         if params.max_tokens is None and params.min_tokens > room:
             raise ValueError(f"SamplingParams.min_tokens must be <= max_tokens={room} (max_model_len "

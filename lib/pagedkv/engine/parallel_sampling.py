@@ -1,17 +1,19 @@
 """``n > 1``: one prompt fanned out into n child requests, their outputs gathered into one.
 
 As vLLM V1 does it (``vllm/v1/engine/parallel_sampling.py``): the engine
-adds n ordinary requests with ids ``"{i}_{parent id}"`` (line 94 there) and
+adds n ordinary requests with ids ``"{i}_{parent id}"``
+(``f"{index}_{self.request_id}"``, ``v1/engine/parallel_sampling.py:94``) and
 ``SamplingParams`` copies with ``n=1``; a seeded parent gives child ``i``
-the seed ``seed + i`` (line 81), so the same seed gives the same n outputs.
+the seed ``seed + i`` (``seed + index``, ``v1/engine/parallel_sampling.py:81``),
+so the same seed gives the same n outputs.
 The scheduler and the KV cache manager never learn that the children belong
 together: with prefix caching on, the children's identical prompts hit the
 blocks the first one computed, which is how the n samples share the prompt's
 memory.
 
 Outputs are gathered as vLLM's ``LLM.generate`` asks for them
-(``RequestOutputKind.FINAL_ONLY``, ``vllm/entrypoints/common/offline.py``,
-line 577; ``ParentRequest.get_outputs``, line 102): nothing is reported for
+(``RequestOutputKind.FINAL_ONLY``, ``entrypoints/common/offline.py:577``;
+``ParentRequest.get_outputs``, ``v1/engine/parallel_sampling.py:102``): nothing is reported for
 the parent until every child has finished, then one ``RequestOutput`` with
 the parent's id whose ``outputs`` are the n completions, index 0..n-1.
 """
@@ -27,7 +29,7 @@ __all__ = ["ParentRequest", "child_request_ids"]
 
 
 def child_request_ids(request_id: str, n: int) -> list[str]:
-    """The ids of the n children of ``request_id`` (vLLM's ``get_child_info``, line 94)."""
+    """The ids of the n children of ``request_id`` (vLLM's ``get_child_info``, ``v1/engine/parallel_sampling.py:84-96``)."""
     return [f"{i}_{request_id}" for i in range(n)]
 
 

@@ -20,7 +20,7 @@ __all__ = ["RequestStatus", "EngineRequest", "RequestOutput", "CompletionOutput"
 
 @dataclass
 class Logprob:
-    """One token's log-probability at one position (vLLM's ``Logprob``, ``vllm/logprobs.py``, line 13).
+    """One token's log-probability at one position (vLLM's ``Logprob``, ``logprobs.py:13``).
 
     ``rank``: 1 for the most likely token; ``decoded_token``: the token's
     text when the engine has a tokenizer, else None.
@@ -36,7 +36,7 @@ def find_stop(text: str, stop: str, floor: int) -> int:
 
     ``floor`` is the length of the text of the first ``min_tokens`` tokens: a
     stop string counts only once it ends after them, as vLLM's detokenizer
-    checks only the text past that offset (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+    checks only the text past that offset (``stop_check_offset``, ``v1/engine/detokenizer.py:134-136``).
     """
     return text.find(stop, max(0, floor - len(stop) + 1))
 
@@ -88,7 +88,8 @@ class EngineRequest(Request):
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_ids = frozenset(eos_token_ids)
         # What min_tokens masks: the stop ids and EOS, even with ignore_eos (vLLM adds EOS to
-        # _all_stop_token_ids whatever ignore_eos says, vllm/sampling_params.py, line 787).
+        # _all_stop_token_ids whatever ignore_eos says: ``self._all_stop_token_ids.add(eos_token_id)``,
+        # ``sampling_params.py:787``).
         self.all_stop_token_ids = sorted(self.eos_token_ids | set(sampling_params.stop_token_ids))
         # One {token id: Logprob} per generated token when logprobs were asked for, else None.
         self.logprobs: list[dict[int, Logprob]] | None = None if sampling_params.logprobs is None else []
@@ -124,7 +125,7 @@ class EngineRequest(Request):
         """Record the logprobs of the token just appended: the sampled one first, then the top k.
 
         A sampled token that is also in the top k keeps its top-k entry (vLLM
-        builds the same dict, ``vllm/logprobs.py``, lines 178-209).
+        builds the same dict, ``append_logprobs_for_next_position``, ``logprobs.py:178-209``).
         """
         def text(t):
             return None if decode is None else decode(t)
@@ -143,7 +144,7 @@ class EngineRequest(Request):
         ``max_model_len``); ``stop`` strings are checked on the text last.
         ``min_tokens`` needs no test here for EOS and stop ids: the sampler
         masked them until then (vLLM's ``check_stop`` relies on the same mask,
-        ``vllm/v1/core/sched/utils.py``, lines 98-126); stop strings are
+        ``check_stop``, ``v1/core/sched/utils.py:98-126``); stop strings are
         searched only in the text after the first ``min_tokens`` tokens.
         """
         last = self.output_token_ids[-1]

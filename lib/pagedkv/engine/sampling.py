@@ -57,19 +57,21 @@ class SamplingParams:
         skip_special_tokens: True: special tokens are left out of ``text``.
         n: 1; n > 1 samples n completions of the prompt, each a child request
             (vLLM V1's fan-out, ``vllm/v1/engine/parallel_sampling.py``); a
-            seeded parent gives child ``i`` the seed ``seed + i`` (line 81 there).
-            Greedy requests must have n == 1, as in vLLM (``vllm/sampling_params.py``, line 772).
+            seeded parent gives child ``i`` the seed ``seed + i`` (``seed + index``,
+            ``v1/engine/parallel_sampling.py:81``). Greedy requests must have n == 1, as in
+            vLLM (``_verify_greedy_sampling``, ``sampling_params.py:769-773``).
         min_tokens: 0; EOS and ``stop_token_ids`` can be neither sampled nor
             end the output before this many tokens were generated (their logits
             are masked, vLLM's ``MinTokensLogitsProcessor``), and a ``stop``
             string counts only once it ends in text after those tokens
-            (``vllm/v1/engine/detokenizer.py``, lines 134-136).
+            (``stop_check_offset``, ``v1/engine/detokenizer.py:134-136``).
         logprobs: None; an int k >= 0 returns, for every generated token, the
             log-probabilities of the sampled token and of the k most likely ones
             (-1: the whole vocabulary). They come from the raw logits, before
             temperature, cuts and the min_tokens mask: vLLM's default
-            ``logprobs_mode="raw_logprobs"`` (``vllm/config/model.py``, line 291;
-            ``vllm/v1/sample/sampler.py``, lines 142-150).
+            ``logprobs_mode="raw_logprobs"`` (``logprobs_mode: LogprobsMode = "raw_logprobs"``,
+            ``config/model.py:291``; ``raw_logprobs = self.compute_logprobs(logits)``,
+            ``v1/sample/sampler.py:142-150``).
     """
 
     temperature: float = 1.0
@@ -94,7 +96,7 @@ class SamplingParams:
         _number("max_tokens", self.max_tokens, integer=True, optional=True)
         _number("n", self.n, integer=True)
         _number("min_tokens", self.min_tokens, integer=True)
-        if self.logprobs is True:  # vLLM reads True as 1 (vllm/sampling_params.py, line 592)
+        if self.logprobs is True:  # vLLM reads True as 1 (``self.logprobs = 1``, ``sampling_params.py:592-593``)
             self.logprobs = 1
         _number("logprobs", self.logprobs, integer=True, optional=True)
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -196,7 +198,7 @@ def mask_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> 
     """Set ``logits[rows[j], token_ids[j]]`` to -inf in place: those tokens cannot be drawn, even by argmax.
 
     min_tokens uses it for the stop tokens of rows still short of their minimum
-    (vLLM's ``MinTokensLogitsProcessor``, ``vllm/v1/sample/logits_processor/builtin.py``, line 165).
+    (vLLM's ``MinTokensLogitsProcessor``, ``v1/sample/logits_processor/builtin.py:165``).
     """
     if rows:
         dev = logits.device
@@ -209,7 +211,7 @@ def gather_logprobs(raw_logits: torch.Tensor, num_logprobs: int, token_ids: torc
     """Log-probabilities of the sampled tokens and the top ``num_logprobs``, for ``raw_logits [rows, vocab]``.
 
     One ``log_softmax`` and one ``topk`` for all rows (vLLM's ``Sampler.gather_logprobs``,
-    ``vllm/v1/sample/sampler.py``, lines 373-420). Returns ``(sampled [rows], ranks [rows],
+    ``v1/sample/sampler.py:373-420``). Returns ``(sampled [rows], ranks [rows],
     top_logprobs [rows, k], top_ids [rows, k])``; a sampled token's rank is the number of
     tokens at least as likely, itself included (1 = the most likely), as vLLM's
     ``batched_count_greater_than`` counts it (``vllm/v1/sample/ops/logprobs.py``).

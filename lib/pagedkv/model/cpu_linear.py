@@ -2,10 +2,11 @@
 
 vLLM 0.33.0 packs every unquantized linear weight for oneDNN once, when the
 model loads, and calls the packed product at every step
-(``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``,
-lines 643-656: ``handler = ops.create_onednn_mm(origin_weight.t(), 32)``), and
-its Llama runs q/k/v as one product and gate/up as another
-(``vllm/model_executor/models/llama.py``, lines 165 and 95). PyTorch ships the two
+(``dispatch_cpu_unquantized_gemm``, ``model_executor/layers/utils.py:532``;
+``handler = ops.create_onednn_mm(origin_weight.t(), 32)``,
+``model_executor/layers/utils.py:643-656``), and its Llama runs q/k/v as one
+product and gate/up as another (``qkv_proj``, ``model_executor/models/llama.py:165``;
+``gate_up_proj``, ``model_executor/models/llama.py:95``). PyTorch ships the two
 oneDNN steps as operators, the ones its compiler emits for a frozen CPU model:
 ``torch.ops.mkldnn._reorder_linear_weight`` packs and
 ``torch.ops.mkldnn._linear_pointwise`` multiplies. ``F.linear`` instead hands
