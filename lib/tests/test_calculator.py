@@ -87,6 +87,7 @@ def test_tensor_parallel_plans_check_one_rank():
 
 @needs_widgets
 def test_widget_redraws_on_change_and_offers_a_static_rendering():
+    pytest.importorskip("ipywidgets")  # a bare GPU machine has no Jupyter
     calc = BudgetCalculator(weight_gib=14.96)
     assert "26,785" in calc.out.value
     calc.block.value = 32
@@ -98,6 +99,7 @@ def test_widget_redraws_on_change_and_offers_a_static_rendering():
 
 @needs_widgets
 def test_a_configuration_that_does_not_fit_is_explained_not_raised():
+    pytest.importorskip("ipywidgets")  # a bare GPU machine has no Jupyter
     calc = BudgetCalculator(gpu="L4", model="Llama-3.1-70B")
     assert "does not fit" in calc.out.value and "no memory left for the KV cache" in calc.out.value
     assert "L4 · Llama-3.1-70B" in calc.out.value
@@ -105,6 +107,7 @@ def test_a_configuration_that_does_not_fit_is_explained_not_raised():
 
 @needs_widgets
 def test_widget_tensor_parallel_control_makes_70b_fit():
+    pytest.importorskip("ipywidgets")  # a bare GPU machine has no Jupyter
     calc = BudgetCalculator(model="Llama-3.1-70B")
     assert "no memory left for the KV cache" in calc.out.value
     calc.tp.value = 2
@@ -117,6 +120,7 @@ def test_widget_tensor_parallel_control_makes_70b_fit():
 
 @needs_widgets
 def test_widget_labels_are_not_cut_off_and_values_are_rounded():
+    pytest.importorskip("ipywidgets")  # a bare GPU machine has no Jupyter
     calc = BudgetCalculator(weight_gib=14.96)
     assert calc.util.description == "gpu_memory_utilization"
     assert int(calc.util.style.description_width.rstrip("px")) >= 170
