@@ -1,7 +1,8 @@
 """The seed inputs of the corpus: small valid files, written the way the tests write them.
 
-``python -m tools.fuzz seeds`` rewrites every ``seed-*`` file (other corpus
-files are kept). The seeds cover, for the GGUF reader, both architectures,
+``python -m tools.fuzz seeds`` rewrites every ``seed-*`` and ``hostile-*``
+file (the fuzzer's finds, ``crash-*``, are kept). ``hostile-*`` are
+hand-written GGUF headers, one per check of the reader (``hostile()``). The seeds cover, for the GGUF reader, both architectures,
 with and without a tokenizer and a chat template, tied and untied heads,
 ``rope_freqs``, and every tensor type the ``gguf`` package dequantizes (one
 small single-tensor file each); for ``load_pretrained``, a Llama and a tied
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -221,9 +223,72 @@ def write_seeds(corpus: Path) -> list[str]:
     for target, files in seeds().items():
         d = corpus / target
         d.mkdir(parents=True, exist_ok=True)
-        for old in d.glob("seed-*"):
+        for old in [*d.glob("seed-*"), *d.glob("hostile-*")]:
             old.unlink()
         for name, data in files.items():
             (d / name).write_bytes(data)
         lines.append(f"{target}: {len(files)} seeds, {sum(map(len, files.values())):,} bytes")
+    for name, data in hostile().items():
+        (corpus / "gguf" / name).write_bytes(data)
     return lines
+
+
+# ----------------------------------------------------------------------------- hostile headers
+def _kv(key: str, type_id: int, payload: bytes) -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", type_id) + payload
+
+
+def _str(s: str) -> bytes:
+    return struct.pack("<Q", len(s.encode())) + s.encode()
+
+
+def _u32(key: str, v: int) -> bytes:
+    return _kv(key, 4, struct.pack("<I", v))
+
+
+def _tensor(name: str, dims, type_id: int = 0, offset: int = 0) -> bytes:
+    return _str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + \
+        struct.pack("<II", type_id, 0)[:4] + struct.pack("<Q", offset)
+
+
+def _raw_gguf(kvs: list[bytes], tensors: list[bytes] = (), data: bytes = b"\0" * 64) -> bytes:
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(tensors)
+    return head + b"\0" * (-len(head) % 32) + data
+
+
+def hostile() -> dict[str, bytes]:
+    """Hand-written hostile GGUF headers (file name -> bytes): each must be refused with a ValueError."""
+    arch = _kv("general.architecture", 8, _str("llama"))
+    nested = struct.pack("<IQ", 9, 1) * 3000 + struct.pack("<IQ", 4, 0)  # arrays of arrays, 3000 deep
+    f32 = lambda name, dims, offset=0: _tensor(name, dims, 0, offset)  # noqa: E731
+    return {
+        "hostile-alignment-zero.gguf": _raw_gguf([_u32("general.alignment", 0)]),
+        "hostile-alignment-string.gguf": _raw_gguf([_kv("general.alignment", 8, _str("32"))]),
+        "hostile-alignment-not-power-of-two.gguf": _raw_gguf([_u32("general.alignment", 24)]),
+        "hostile-arrays-nested-3000-deep.gguf": _raw_gguf([_kv("x", 9, nested)]),
+        "hostile-string-array-claims-2-60.gguf": _raw_gguf([_kv("tokenizer.ggml.tokens", 9,
+                                                                 struct.pack("<IQ", 8, 1 << 60))]),
+        "hostile-key-twice.gguf": _raw_gguf([arch, arch]),
+        "hostile-tensor-twice.gguf": _raw_gguf([arch], [f32("token_embd.weight", [4]), f32("token_embd.weight", [4])]),
+        "hostile-tensor-five-dims.gguf": _raw_gguf([arch], [f32("token_embd.weight", [1, 1, 1, 1, 1])]),
+        "hostile-tensor-zero-dim.gguf": _raw_gguf([arch], [f32("token_embd.weight", [4, 0])]),
+        "hostile-tensor-shape-overflows.gguf": _raw_gguf([arch], [f32("token_embd.weight", [1 << 32, 1 << 32])]),
+        "hostile-tensor-offset-misaligned.gguf": _raw_gguf([arch], [f32("token_embd.weight", [4], offset=4)]),
+        "hostile-head-count-zero.gguf": _raw_gguf([arch, _u32("llama.attention.head_count", 0),
+                                                   _u32("llama.embedding_length", 16)]),
+        "hostile-block-count-string.gguf": _raw_gguf([arch, _u32("llama.attention.head_count", 2),
+                                                      _u32("llama.embedding_length", 16),
+                                                      _kv("llama.block_count", 8, _str("two"))]),
+        "hostile-architecture-array.gguf": _raw_gguf([_kv("general.architecture", 9, struct.pack("<IQ", 4, 0))]),
+        "hostile-tokenizer-pre-array.gguf": _raw_gguf([_kv("tokenizer.ggml.model", 8, _str("gpt2")),
+                                                       _kv("tokenizer.ggml.pre", 9, struct.pack("<IQ", 4, 0))]),
+        "hostile-merges-numbers.gguf": _raw_gguf([
+            _kv("tokenizer.ggml.model", 8, _str("gpt2")),
+            _kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + _str("A") + _str("B")),
+            _kv("tokenizer.ggml.merges", 9, struct.pack("<IQ", 4, 1) + struct.pack("<I", 7))]),
+        "hostile-eos-not-a-token.gguf": _raw_gguf([
+            _kv("tokenizer.ggml.model", 8, _str("gpt2")),
+            _kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + _str("A") + _str("B")),
+            _u32("tokenizer.ggml.eos_token_id", 7)]),
+    }
