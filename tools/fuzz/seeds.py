@@ -204,6 +204,9 @@ def seeds() -> dict[str, dict[str, bytes]]:
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
     p["seed-llama3-rope-f16.bin"] = _checkpoint(llama, llama3, torch.float16, tied=False)
 
+    for i in range(4):  # the structured half of the target: a zero byte, then the choices
+        p[f"seed-structured-{i}.bin"] = b"\0" + bytes(random.Random(i).randrange(256) for _ in range(48))
+
     t = out["tokenizer"]
     t["seed-metadata-plain.gguf"] = _tokenizer_gguf(tiny.TEMPLATES["plain"], "smollm")
     t["seed-metadata-llama3-pre-roles.gguf"] = _tokenizer_gguf(tiny.TEMPLATES["roles"], "llama-bpe")

@@ -5,6 +5,8 @@
   accepted; then the tokenizer of the same file, its encoding and chat template.
 * ``pretrained``: ``config.json``, a ``SEPARATOR`` line, then ``model.safetensors``:
   ``load_pretrained`` on that directory and a forward pass of what it accepted.
+  An input that starts with a zero byte instead picks values for a valid tiny
+  checkpoint's config and safetensors header (``_structured_checkpoint``).
 * ``tokenizer``: a GGUF file (it starts with ``GGUF``) whose metadata carries a
   tokenizer and chat template; anything else is a chat template's source,
   rendered with the tiny tokenizer.
@@ -91,9 +93,71 @@ def fuzz_gguf(data: bytes) -> None:
 
 
 # ---------------------------------------------------------------------- pretrained
+_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+                "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id",
+                "architectures", "model_type", "torch_dtype", "hidden_act", "mlp_bias")
+_DTYPES = ("F32", "F16", "BF16", "F64", "I8", "U8", "I64", "BOOL", "F8_E4M3", "XX")
+_base_checkpoint: tuple[dict, dict, bytes] | None = None
+
+
+def _structured_checkpoint(data: bytes) -> bytes:
+    """A valid tiny checkpoint with a few config values and safetensors header fields replaced.
+
+    Byte mutations of JSON rarely stay JSON; this half of the target reaches the
+    checks behind the parser: config values of any type, and a safetensors
+    header whose dtypes, shapes and data offsets disagree with the data.
+    """
+    import json
+    import struct
+
+    import atheris
+
+    global _base_checkpoint
+    if _base_checkpoint is None:
+        from pagedkv.model import Model
+        from safetensors.torch import save
+
+        model = Model(tiny.CONFIG, seed=0, device="cpu")
+        blob = save({"model." + n if n != "lm_head.weight" else n: p.detach().contiguous()
+                     for n, p in model.named_parameters()})
+        n = struct.unpack("<Q", blob[:8])[0]
+        config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 16, "intermediate_size": 16,
+                  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                  "eos_token_id": tiny.EOS}
+        _base_checkpoint = (config, json.loads(blob[8:8 + n]), blob[8 + n:])
+    base_config, base_header, payload = _base_checkpoint
+    fdp = atheris.FuzzedDataProvider(data[1:])
+    config, header = dict(base_config), {k: dict(v) if isinstance(v, dict) else v for k, v in base_header.items()}
+    for _ in range(fdp.ConsumeIntInRange(0, 3)):
+        key = fdp.PickValueInList(list(_CONFIG_KEYS))
+        config[key] = _value(fdp) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-1, 70)
+    names = sorted(k for k in header if k != "__metadata__")
+    for _ in range(fdp.ConsumeIntInRange(0, 3)):
+        entry = header[fdp.PickValueInList(names)]
+        field = fdp.ConsumeIntInRange(0, 3)
+        if field == 0:
+            entry["dtype"] = fdp.PickValueInList(list(_DTYPES))
+        elif field == 1:
+            entry["shape"] = [fdp.ConsumeIntInRange(0, 1 << 20) for _ in range(fdp.ConsumeIntInRange(0, 3))]
+        elif field == 2:
+            entry["data_offsets"] = [fdp.ConsumeIntInRange(0, len(payload) + 64) for _ in range(2)]
+        else:
+            entry[fdp.PickValueInList(["shape", "dtype", "data_offsets"])] = _value(fdp)
+    try:
+        text = json.dumps(config).encode()
+        head = json.dumps(header).encode()
+    except (TypeError, ValueError):  # a value JSON cannot hold (a tensor, bytes): not a file anyone can write
+        text, head = b"{}", json.dumps(base_header).encode()
+    cut = 16 * fdp.ConsumeIntInRange(1, 4) if fdp.ConsumeIntInRange(0, 7) == 0 else 0  # sometimes cut short
+    return text + SEPARATOR + struct.pack("<Q", len(head)) + head + payload[:len(payload) - cut]
+
+
 def fuzz_pretrained(data: bytes) -> None:
     from pagedkv.model import load_pretrained
 
+    if data.startswith(b"\0"):
+        data = _structured_checkpoint(data)
     config, _, weights = data.partition(SEPARATOR)
     _scratch_file("checkpoint/config.json", config)
     directory = _scratch_file("checkpoint/model.safetensors", weights).parent
