@@ -89,6 +89,16 @@ def load_pretrained(path, dtype: torch.dtype | None = None, device: torch.device
     Reads ``config.json`` and the safetensors file(s), one or sharded; nothing
     is downloaded. ``dtype`` defaults to the checkpoint's. The LM head is tied
     to the embeddings when the config says so or the checkpoint has none.
+
+    The directory is untrusted input: config.json and the safetensors headers
+    are checked before the model is allocated (its parameters must fit the
+    tensors the files hold).
+
+    Raises:
+        FileNotFoundError: no config.json, no safetensors file, or a listed shard missing.
+        ValueError: anything wrong inside the files (not JSON, an unsupported
+            or inconsistent config, a corrupt safetensors file, tensors that do
+            not fit the config); each message names the file or directory.
     """
     path = Path(path)
     if not (path / "config.json").is_file():

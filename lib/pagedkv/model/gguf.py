@@ -170,8 +170,10 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, device: torch.device | s
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not GGUF, truncated, an unsupported architecture or tensor
-            type, or tensors that do not fit the metadata (each names the file).
+        ValueError: not GGUF, truncated, malformed, an unsupported architecture
+            or tensor type, metadata of the wrong type, or tensors that do not
+            fit the metadata (each names the file). The metadata's model is
+            checked against the file's tensors before it is allocated.
     """
     file = path if isinstance(path, GGUFFile) else read_gguf(Path(path))
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
