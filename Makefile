@@ -9,11 +9,12 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
 	@echo "make test      everything CI runs: library tests, nbval on every notebook, the book build"
+	@echo "make fuzz      fuzz each untrusted-input reader for FUZZ_SECONDS (600) seconds (tools/fuzz)"
 	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-citations  every vLLM line the book cites, checked against the vLLM 0.33.0 wheel"
 	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
@@ -38,10 +39,26 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-compile-quick test-citations test-notebooks test-book test-site
+test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site
 
 test-lib: $(STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider
+
+# Coverage-guided fuzzing (atheris) of what reads untrusted input: GGUF files,
+# config.json + safetensors, chat templates, SamplingParams and LLM arguments
+# (tools/fuzz). Every input must load or raise the ValueError/TypeError naming
+# the file or argument, within 1 s of CPU time and a 2 GiB address space.
+# test-fuzz: 6 s per target from the committed corpus, fixed seed (under a
+# minute in all); the corpus replay is tools/tests/test_fuzz_corpus.py.
+# fuzz: FUZZ_SECONDS per target, a new seed each run, one input written per
+# kind of violation (_build/fuzz/<target>/crash-*); commit those to
+# tools/fuzz/corpus/<target>/ with their fix.
+FUZZ_SECONDS ?= 600
+test-fuzz: $(STAMP)
+	$(PY) -m tools.fuzz run --seconds 6 --seed 1 --fresh
+
+fuzz: $(STAMP)
+	$(PY) -m tools.fuzz run --seconds $(FUZZ_SECONDS) --seed 0 --keep-going
 
 # Every Triton kernel compiled ahead of time for an H200 (sm_90) and an A100
 # (sm_80), no GPU needed: fails on a compile error, shared memory over the

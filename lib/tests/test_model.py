@@ -295,7 +295,12 @@ def test_load_rejects_a_checkpoint_that_does_not_fit(tmp_path):
     safetensors_torch.save_file({**weights, "model.norm.weight": torch.ones(9)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.norm.weight has shape \(9,\).*\(8,\)"):
         load_pretrained(tmp_path)
-    del weights["model.layers.0.mlp.up_proj.weight"]
+    up = weights.pop("model.layers.0.mlp.up_proj.weight")
+    safetensors_torch.save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="config.json describes 824 parameters, the safetensors files hold 776"):
+        load_pretrained(tmp_path)  # refused before the model is allocated
+    # as many numbers as the model needs, in a tensor old checkpoints carry and loading skips
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = up.flatten()
     safetensors_torch.save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="lacks 1 tensors.*layers.0.mlp.up_proj.weight"):
         load_pretrained(tmp_path)

@@ -237,7 +237,13 @@ def test_metadata_that_does_not_fit_the_tensors(small, tmp_path):
     path = write_gguf(tmp_path / "m.gguf", wrong, extra={})
     file = read_gguf(path)
     file.metadata["llama.block_count"] = 2
-    with pytest.raises(ValueError, match=r"m.gguf lacks 9 tensors, e.g. \['layers.1"):
+    with pytest.raises(ValueError, match=r"m.gguf: the metadata describes 2 layers \(at least 20 tensors\), "
+                                         r"the file has 12 tensors"):
+        load_gguf(file)  # refused before the model is allocated
+    del file.tensors["blk.0.attn_q.weight"]
+    file.metadata["llama.block_count"] = 1
+    with pytest.raises(ValueError, match=r"m.gguf: the metadata describes 426,752 parameters, the file's tensors "
+                                         r"hold 361,216"):
         load_gguf(file)
 
 

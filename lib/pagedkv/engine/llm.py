@@ -105,6 +105,9 @@ class LLM:
         prompt's output holds its n completions in ``outputs`` (vLLM's
         ``FINAL_ONLY`` aggregation, as its ``LLM.generate`` asks for).
         """
+        if not isinstance(prompts, (str, dict, Sequence)):
+            raise TypeError(f"prompts must be a prompt or a list of prompts (text, token ids or prompt dicts), "
+                            f"got {type(prompts).__name__}")
         single = isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts))
         prompts = [prompts] if single else list(prompts)

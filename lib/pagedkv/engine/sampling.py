@@ -127,9 +127,13 @@ class SamplingParams:
                 raise TypeError(f"SamplingParams.{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not (self.stop is None or isinstance(self.stop, (list, tuple))) or \
+                not all(isinstance(s, str) and s for s in self.stop or []):
             raise TypeError(f"SamplingParams.stop must be a str or a list of non-empty str, got {self.stop!r}")
+        self.stop = list(self.stop or [])
+        if not (self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple))):
+            raise TypeError(f"SamplingParams.stop_token_ids must be a list of int or None, "
+                            f"got {type(self.stop_token_ids).__name__} {self.stop_token_ids!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         for t in self.stop_token_ids:
             _number("stop_token_ids[...]", t, integer=True)

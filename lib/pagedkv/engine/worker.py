@@ -216,7 +216,7 @@ class Worker:
 
         return sample(logits, column([p.temperature for p in params], torch.float32),
                       column([p.top_p for p in params], torch.float32),
-                      column([p.top_k for p in params], torch.int64),
+                      column([min(p.top_k, logits.shape[-1]) for p in params], torch.int64),  # fits int64
                       column([p.min_p for p in params], torch.float32),
                       column([r.seed % (1 << 63) for r in reqs], torch.int64),
                       column([r.num_output_tokens for r in reqs], torch.int64))

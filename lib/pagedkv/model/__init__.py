@@ -10,6 +10,7 @@ One concept per module:
 - ``checkpoint``: ``load_pretrained`` (a Hugging Face safetensors directory);
 - ``gguf_file`` and ``gguf``: reading a llama.cpp GGUF file, ``load_gguf``;
 - ``tokenizer``: the tokenizer and chat template stored in a GGUF file;
+- ``chat_template``: rendering a file's chat template, sandboxed and bounded;
 - ``smollm2``: where the book's real model (SmolLM2-135M-Instruct) is installed.
 """
 

@@ -7,7 +7,7 @@ Names follow Hugging Face's ``config.json``; ``from_hf_config`` reads one
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from ..common import check_int
+from ..common import check_bool, check_int, check_real
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "MODEL_TYPES", "PRESETS"]
 
@@ -53,10 +53,19 @@ class ModelConfig:
                              f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        check_real(self.rms_norm_eps, "ModelConfig.rms_norm_eps", minimum=0, open_min=True)
+        check_real(self.rope_theta, "ModelConfig.rope_theta", minimum=0, open_min=True)
+        for name in ("tie_word_embeddings", "attention_bias", "attention_out_bias"):
+            check_bool(getattr(self, name), f"ModelConfig.{name}")
+        eos = self.eos_token_id
+        for i, t in enumerate(eos if isinstance(eos, list) else [] if eos is None else [eos]):
+            check_int(t, "ModelConfig.eos_token_id" + (f"[{i}]" if isinstance(eos, list) else ""), 0)
+        if not isinstance(self.architecture, str) or self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not supported; "
                              f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict):
+                raise TypeError(f"ModelConfig.rope_scaling must be a dict or None, got {self.rope_scaling!r}")
             rope_type = self.rope_scaling.get("rope_type")
             if rope_type != "llama3":
                 raise ValueError(f"rope_scaling type {rope_type!r} is not supported; "
@@ -64,6 +73,11 @@ class ModelConfig:
             missing = [k for k in _LLAMA3_KEYS if k not in self.rope_scaling]
             if missing:
                 raise ValueError(f"llama3 rope_scaling lacks {missing}: {self.rope_scaling}")
+            s = self.rope_scaling  # transformers' _validate_llama3_parameters, which RoPE's formula needs
+            check_real(s["factor"], "rope_scaling.factor", minimum=1)
+            low = check_real(s["low_freq_factor"], "rope_scaling.low_freq_factor", minimum=0, open_min=True)
+            check_real(s["high_freq_factor"], "rope_scaling.high_freq_factor", minimum=low, open_min=True)
+            check_int(s["original_max_position_embeddings"], "rope_scaling.original_max_position_embeddings", 1)
 
     @property
     def num_parameters(self) -> int:
@@ -91,6 +105,8 @@ class ModelConfig:
         ``rope_type``); checkpoints on the hub mostly carry ``rope_theta`` and
         ``rope_scaling`` (whose type key is ``rope_type`` or the older ``type``).
         """
+        if not isinstance(config, dict):
+            raise TypeError(f"a config must be a JSON object (a dict), got {type(config).__name__}")
         arch = _architecture(config)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; the MLP is SwiGLU (silu)")
@@ -102,13 +118,16 @@ class ModelConfig:
             bias, out_bias = True, False
         else:
             bias = out_bias = bool(config.get("attention_bias", False))
+        for key in _REQUIRED:  # checked before any arithmetic on them
+            check_int(config[key], key, 1)
         heads = config["num_attention_heads"]
         theta, scaling = _rope_from_hf(config)
         # Defaults for absent keys are transformers' LlamaConfig defaults.
         return cls(
             config["vocab_size"], config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
             heads, config.get("num_key_value_heads") or heads, config.get("head_dim") or config["hidden_size"] // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=scaling,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=check_real(theta, "rope_theta"),
+            rope_scaling=scaling,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), attention_bias=bias,
             eos_token_id=config.get("eos_token_id"), architecture=arch, attention_out_bias=out_bias)
@@ -124,6 +143,8 @@ def _architecture(config: dict) -> str:
     model_type, archs = config.get("model_type"), config.get("architectures")
     if model_type is not None and model_type not in MODEL_TYPES.values():
         raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES.values())}")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"architectures must be a list of names, got {archs!r}")
     if archs:
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -143,6 +164,9 @@ def _architecture(config: dict) -> str:
 def _rope_from_hf(config: dict) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from either config.json style."""
     params = config.get("rope_parameters")
+    for key in ("rope_parameters", "rope_scaling"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ValueError(f"{key} must be a JSON object or null, got {config[key]!r}")
     if params is not None:
         if "rope_theta" not in params and params and all(isinstance(v, dict) for v in params.values()):
             raise ValueError(f"per-layer-type rope_parameters are not supported: {params}")

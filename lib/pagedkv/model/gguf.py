@@ -19,6 +19,7 @@ dtype: the model computes in floating point, as transformers does with
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -53,39 +54,62 @@ def _our_name(name: str) -> str | None:
 
 
 def config_from_gguf(file: GGUFFile) -> ModelConfig:
-    """The ``ModelConfig`` a GGUF file's metadata describes (ValueError naming the file if unsupported)."""
+    """The ``ModelConfig`` a GGUF file's metadata describes (ValueError naming the file if unsupported).
+
+    Every value is checked for its type and range before it is used: the
+    metadata comes from an untrusted file.
+    """
     md, path = file.metadata, file.path
     arch = md.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}")
 
-    def get(key, default=None):
+    def get(key, kind, default=None):
+        """``{arch}.{key}`` (or ``default``), an int or (kind float) a finite real, never a bool."""
         value = md.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{path}: metadata {arch}.{key} is missing")
-        return value
+        ok = type(value) is int or (kind is float and type(value) is float and math.isfinite(value))
+        if not ok:
+            raise ValueError(f"{path}: metadata {arch}.{key} must be {'an integer' if kind is int else 'a number'}, "
+                             f"got {type(value).__name__} {value!r}")
+        return kind(value)
 
-    heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    if int(get("rope.dimension_count", head_dim)) != head_dim:
+    heads = get("attention.head_count", int)
+    hidden = get("embedding_length", int)
+    if heads < 1:
+        raise ValueError(f"{path}: metadata {arch}.attention.head_count must be >= 1, got {heads}")
+    head_dim = get("attention.key_length", int, hidden // heads)
+    if get("rope.dimension_count", int, head_dim) != head_dim:
         raise ValueError(f"{path}: partial RoPE ({arch}.rope.dimension_count != head_dim {head_dim}) "
                          f"is not supported")
     scaling = md.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise ValueError(f"{path}: {arch}.rope.scaling.type {scaling!r} is not supported")
-    vocab = md.get(f"{arch}.vocab_size") or len(md.get("tokenizer.ggml.tokens", ())) \
-        or file.tensors["token_embd.weight"].shape[0]
-    return ModelConfig(
-        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(get("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in file.tensors,
-        attention_bias=arch == "qwen2", eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
-        architecture=GGUF_ARCHITECTURES[arch])
+    tokens = md.get("tokenizer.ggml.tokens")
+    if f"{arch}.vocab_size" in md:
+        vocab = get("vocab_size", int)
+    elif isinstance(tokens, list) and tokens:
+        vocab = len(tokens)
+    elif "token_embd.weight" in file.tensors:
+        vocab = file.tensors["token_embd.weight"].shape[0]
+    else:
+        raise ValueError(f"{path}: the vocabulary size is unknown (no {arch}.vocab_size, tokens or token_embd)")
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < vocab):
+        raise ValueError(f"{path}: tokenizer.ggml.eos_token_id {eos!r} is not a token id (0..{vocab - 1})")
+    try:
+        return ModelConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length", int),
+            num_hidden_layers=get("block_count", int), num_attention_heads=heads,
+            num_key_value_heads=get("attention.head_count_kv", int, heads), head_dim=head_dim,
+            rms_norm_eps=get("attention.layer_norm_rms_epsilon", float, 1e-5),
+            rope_theta=get("rope.freq_base", float, 10000.0),
+            max_position_embeddings=get("context_length", int, 2048),
+            tie_word_embeddings="output.weight" not in file.tensors,
+            attention_bias=arch == "qwen2", eos_token_id=eos, architecture=GGUF_ARCHITECTURES[arch])
+    except (TypeError, ValueError) as e:  # a value in range for its type, not for a model
+        raise ValueError(f"{path}: {e}") from None
 
 
 def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -96,6 +120,27 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     rows = w.shape[0]
     half = rows // num_heads // 2
     return w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _check_size(file: GGUFFile, config: ModelConfig) -> None:
+    """The metadata's model must fit the file's tensors, checked before the model is allocated.
+
+    Every tensor was checked to lie inside the file, so this bounds what
+    ``Model(config)`` allocates by the file's size: a header that claims a
+    billion layers fails here, not in the allocator.
+    """
+    tensors_needed = config.num_hidden_layers * 9 + 2  # 9 weights a layer, the embedding, the final norm
+    if len(file.tensors) < tensors_needed:
+        raise ValueError(f"{file.path}: the metadata describes {config.num_hidden_layers} layers (at least "
+                         f"{tensors_needed} tensors), the file has {len(file.tensors)} tensors")
+    held = sum(math.prod(t.shape) for t in file.tensors.values())
+    if config.num_parameters > held:
+        raise ValueError(f"{file.path}: the metadata describes {config.num_parameters:,} parameters, the file's "
+                         f"tensors hold {held:,}")
+    freqs = file.tensors.get("rope_freqs.weight")
+    if freqs is not None and freqs.shape != (config.head_dim // 2,):
+        raise ValueError(f"{file.path}: tensor 'rope_freqs.weight' has shape {freqs.shape}, the metadata implies "
+                         f"{(config.head_dim // 2,)}")
 
 
 def _check_names_and_shapes(file: GGUFFile, ours: dict) -> dict[str, str]:
@@ -125,13 +170,16 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, device: torch.device | s
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not GGUF, truncated, an unsupported architecture or tensor
-            type, or tensors that do not fit the metadata (each names the file).
+        ValueError: not GGUF, truncated, malformed, an unsupported architecture
+            or tensor type, metadata of the wrong type, or tensors that do not
+            fit the metadata (each names the file). The metadata's model is
+            checked against the file's tensors before it is allocated.
     """
     file = path if isinstance(path, GGUFFile) else read_gguf(Path(path))
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     config = config_from_gguf(file)
+    _check_size(file, config)
     model = Model(config, seed=None, dtype=dtype, device=device)
     ours = dict(model.named_parameters())
     mapping = _check_names_and_shapes(file, ours)

@@ -11,11 +11,17 @@ in a fraction of a second); quantized blocks are decoded by the ``gguf``
 package's ``gguf.quants.dequantize``, so every type it knows is supported.
 Every way a file can be wrong (not GGUF, cut short, an unknown value type, a
 tensor past the end) raises one ``ValueError`` naming the file, before any
-model is built.
+model is built. The file is untrusted input: a count or a size read from it is
+checked against the bytes that remain before anything is allocated from it,
+and what llama.cpp's reader (``ggml/src/gguf.cpp``) refuses is refused here
+too: nested arrays, a repeated key or tensor name, more than 4 dimensions, an
+empty or overflowing shape, an alignment that is not a power of two, a tensor
+offset that is not aligned.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +36,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
           12: "<f8"}
 _STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_ELEMENTS_LIMIT = 1 << 62  # a tensor's element count must fit int64 with room (gguf.cpp checks the same)
 
 
 @dataclass(frozen=True)
@@ -74,11 +82,13 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, type_id: int, key: str):
+    def value(self, type_id: int, key: str, in_array: bool = False):
         if type_id in _SCALARS:
             return self.unpack(_SCALARS[type_id])
         if type_id == _STRING:
             return self.string()
+        if type_id == _ARRAY and in_array:  # gguf.cpp refuses them too; unbounded nesting would recurse
+            raise ValueError(f"{self.path}: metadata {key!r} is an array of arrays, which GGUF readers refuse")
         if type_id == _ARRAY:
             elem, n = self.unpack("<I"), self.unpack("<Q")
             if elem in _NUMPY:  # numbers in one read
@@ -88,7 +98,12 @@ class _Cursor:
                 arr = np.frombuffer(self.data, dtype=_NUMPY[elem], count=n, offset=self.pos).tolist()
                 self.pos += size
                 return arr
-            return [self.value(elem, key) for _ in range(n)]
+            # Strings: each takes at least its 8-byte length, so n is bounded by the bytes left
+            # before a list of n is built (a header claiming 2**60 strings must not loop 2**60 times).
+            if self.pos + 8 * n > len(self.data):
+                raise ValueError(f"{self.path} is truncated: metadata {key!r} claims {n:,} values, more than "
+                                 f"the {len(self.data) - self.pos:,} bytes left can hold")
+            return [self.value(elem, key, in_array=True) for _ in range(n)]
         raise ValueError(f"{self.path}: metadata {key!r} has an unknown GGUF value type {type_id}")
 
 
@@ -154,22 +169,36 @@ def read_gguf(path) -> GGUFFile:
         raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
     num_tensors, num_kv = cur.unpack("<Q"), cur.unpack("<Q")
     metadata = {}
-    for _ in range(num_kv):
+    for _ in range(num_kv):  # each pass reads bytes or raises: the loop ends with the file
         key = cur.string()
+        if key in metadata:
+            raise ValueError(f"{path}: metadata key {key!r} appears twice")
         metadata[key] = cur.value(cur.unpack("<I"), key)
-    infos = []
+    infos, names = [], set()
     for _ in range(num_tensors):
         name = cur.string()
-        dims = [cur.unpack("<Q") for _ in range(cur.unpack("<I"))]
+        if name in names:
+            raise ValueError(f"{path}: tensor {name!r} appears twice in the tensor directory")
+        names.add(name)
+        n_dims = cur.unpack("<I")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise ValueError(f"{path}: tensor {name!r} has {n_dims} dimensions; GGUF allows 1 to {_MAX_DIMS}")
+        dims = [cur.unpack("<Q") for _ in range(n_dims)]
         infos.append((name, tuple(reversed(dims)), cur.unpack("<I"), cur.unpack("<Q")))
-    align = int(metadata.get("general.alignment", 32))
+    align = metadata.get("general.alignment", 32)
+    if type(align) is not int or align < 1 or align & (align - 1) or align >= 1 << 32:
+        raise ValueError(f"{path}: general.alignment must be a power of two (a uint32), got {align!r}")
     start = cdiv(cur.pos, align) * align
     tensors = {}
     for name, shape, type_id, offset in infos:
         block, size = _quant_sizes(type_id, name, path)
-        count = int(np.prod(shape, dtype=np.int64))
-        if shape and shape[-1] % block:
+        count = math.prod(shape)  # Python ints: an overflowing shape cannot wrap around to a small size
+        if not all(shape) or count >= _ELEMENTS_LIMIT:
+            raise ValueError(f"{path}: tensor {name!r} has shape {shape}: a dimension is 0 or the size overflows")
+        if shape[-1] % block:
             raise ValueError(f"{path}: tensor {name!r} rows of {shape[-1]} are not whole blocks of {block}")
+        if offset % align:
+            raise ValueError(f"{path}: tensor {name!r} has offset {offset}, not a multiple of the alignment {align}")
         info = GGUFTensorInfo(name, shape, type_id, start + offset, count // block * size)
         if info.offset + info.nbytes > len(data):
             raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {info.offset + info.nbytes:,}, "
