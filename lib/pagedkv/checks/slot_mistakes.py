@@ -43,8 +43,9 @@ SLOT_MISTAKES = [
     Mistake("int32 wrap", "block ids are int32 and block_id x block_size "
             "passes 2**31: widen to int64 before multiplying",
             lambda *a: _model(*a, wrap=True)),
-    Mistake("padding looked up in row -1", "row -1 is a valid index (the "
-            "last row): mask padding tokens, give them -1",
+    Mistake("padding looked up in row -1", "a padding token's row is -1: "
+            "looking it up reads outside the table (in PyTorch, the last "
+            "row); mask padding tokens and give them slot -1",
             lambda *a: _model(*a, padding=lambda s: s)),
     Mistake("padding given 0", "a padding token's slot is -1, so the KV "
             "write skips it; 0 is a real slot, block 0's first",
