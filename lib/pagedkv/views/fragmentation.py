@@ -103,6 +103,14 @@ def plot_composition(results: Sequence[WasteSimResult], title: str):
         ax.set_title(r.allocator, fontsize=9)
         ax.set_xlim(0, r.steps)
         ax.set_ylim(0, 100)
+        if r.mean_fractions()["live"] > 0.9:  # a paged panel: zoom on its thin top
+            inset = ax.inset_axes([0.35, 0.12, 0.6, 0.45])
+            inset.stackplot(np.arange(r.steps), *parts, colors=[PART_COLORS[p] for p in PARTS])
+            inset.set_xlim(0, r.steps)
+            inset.set_ylim(95, 100)
+            inset.set_xticks([])
+            inset.tick_params(labelsize=6)
+            inset.set_title("top 5 %, zoomed", fontsize=6.5, pad=2)
         ax.tick_params(labelsize=8)
         if i % cols == 0:
             ax.set_ylabel("% of the KV pool", fontsize=8)
@@ -139,17 +147,23 @@ def plot_concurrency(chat_results: Sequence[WasteSimResult], concurrency: dict[s
     allocator and workload on a log scale."""
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(FIG_WIDTH_IN, 6.0))
-    for r in chat_results:
-        ax0.plot(r.running, label=r.allocator, lw=1)
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(FIG_WIDTH_IN, 6.8))
+    # Lines that run on top of each other (first-fit under best-fit, paged
+    # beside token-granular) stay apart by style and by sparse markers.
+    styles = [("-", "s"), ("--", "o"), (":", "^"), ("-", "D"), ("-.", "v")]
+    for r, (ls, marker) in zip(chat_results, styles * len(chat_results)):
+        ax0.plot(r.running, label=r.allocator, lw=1.2, ls=ls, marker=marker,
+                 markevery=max(1, r.steps // 12), markersize=4)
     for level, text in levels:
         ax0.axhline(level, color="grey", ls=":", lw=1)
-        ax0.text(5, level * 1.02, text, fontsize=8, color="grey")
+        ax0.annotate(text, (1.0, level), xycoords=("axes fraction", "data"),
+                     xytext=(4, 0), textcoords="offset points", fontsize=7,
+                     color="grey", va="center", annotation_clip=False)
     ax0.set_xlabel("step", fontsize=8)
     ax0.set_ylabel("running requests", fontsize=8)
     ax0.set_title("chat turns (512 + 100): running requests per step", fontsize=9)
     ax0.tick_params(labelsize=8)
-    ax0.legend(fontsize=7, loc="center right")
+    ax0.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.18), ncol=3, frameon=False)
     x = np.arange(len(chat_results))
     width = 0.8 / max(1, len(concurrency))
     for i, (name, values) in enumerate(concurrency.items()):
@@ -174,8 +188,9 @@ def plot_block_size_sweep(sizes: Sequence[int], measured: Sequence[float], bound
 
     fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 3.6))
     ax.plot(sizes, bound, "--", color="#d62728", label="bound: B - 1 slots per running request")
-    ax.plot(sizes, uniform_estimate, ":", color="grey", label="(B - 1)/2 slots per running request")
-    ax.plot(sizes, measured, "o-", color="#9467bd", label="measured by the simulator")
+    ax.plot(sizes, uniform_estimate, "-", color="grey", lw=1.5, label="(B - 1)/2 slots per running request")
+    # Markers only: the measurement sits on the (B - 1)/2 line, which must stay visible.
+    ax.plot(sizes, measured, "o", mfc="none", mec="#9467bd", ms=8, mew=1.5, label="measured by the simulator")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(sizes), [str(s) for s in sizes])
     ax.minorticks_off()
