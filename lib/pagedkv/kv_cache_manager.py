@@ -394,7 +394,11 @@ class KVCacheManager:
         source = req_blocks[block_idx]
         req_blocks[block_idx] = cow
         cow.ref_cnt += 1  # the pending copy's reference (the block is out of the free queue)
-        self._pending_copies.append((source, cow))
+        self.record_copy(source, cow)
+
+    def record_copy(self, source: KVCacheBlock, destination: KVCacheBlock) -> None:
+        """Queue one copy-on-write pair for :meth:`take_pending_copies` (the caller holds both references)."""
+        self._pending_copies.append((source, destination))
 
     def _record_partial_entries(self, request: Request) -> None:
         """Enter partial prefixes whose KV is computed (``request.num_computed_tokens``) into the cache.

@@ -42,7 +42,7 @@ def redirect(manager, req_blocks, block_idx, cow_block, ref=1, record=True):
     req_blocks[block_idx] = cow_block
     cow_block.ref_cnt += ref
     if record:
-        manager._pending_copies.append((source, cow_block))
+        manager.record_copy(source, cow_block)
 
 
 def stub(*args):
@@ -132,7 +132,7 @@ def test_a_swapped_copy_is_named():
         source = req_blocks[block_idx]
         req_blocks[block_idx] = cow_block
         cow_block.ref_cnt += 1
-        manager._pending_copies.append((cow_block, source))
+        manager.record_copy(cow_block, source)
 
     report = checks.check_redirect_partial_hit(swapped)
     assert "Diagnosis: source and destination swapped" in report.results[0].detail

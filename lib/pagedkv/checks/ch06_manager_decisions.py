@@ -343,9 +343,9 @@ COW_MISTAKES = [
             "is acknowledged)"),
     Mistake("the source's reference dropped", "the source must live until "
             "the copy has run: keep the reference the prefix hit took"),
-    Mistake("copy not recorded", "append (source, cow_block) to "
-            "manager._pending_copies, or the worker never copies the "
-            "valid slots"),
+    Mistake("copy not recorded", "record it with "
+            "manager.record_copy(source, cow_block), or the worker never "
+            "copies the valid slots"),
     Mistake("source and destination swapped", "the copy goes from the "
             "shared block to the private one: (source, cow_block)"),
 ]
