@@ -39,7 +39,7 @@ _EXPORTS = {
     **dict.fromkeys(["allocation_layout", "attention_grid_figure", "block_table_figure", "kv_usage_figure",
                      "pool_history_figure", "pool_snapshot"],
                     "figures"),
-    **dict.fromkeys(["BudgetCalculator", "plot_budget"], "calculator"),
+    **dict.fromkeys(["BudgetCalculator", "plot_budget", "plot_shared_card"], "calculator"),
     **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
                      "plot_composition", "composition_table", "plot_concurrency",
                      "plot_block_size_sweep", "composition_html", "FragmentationExplorer"], "fragmentation"),

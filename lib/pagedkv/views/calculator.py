@@ -91,16 +91,58 @@ def plot_budget(p: budget.BudgetPlan, ax=None):
     return fig
 
 
-def _figure_png(p: budget.BudgetPlan) -> str:
-    import matplotlib
+INSTANCE_COLORS = {"other processes": "#8c564b", "another instance": "#9467bd",
+                   "free, outside the budget": "#f7f7f7"}
 
-    matplotlib.use("Agg", force=False)
+
+def plot_shared_card(total_bytes: float, rows: dict[str, list[tuple[str, float]]]):
+    """One horizontal bar per scenario: a card's memory split into labelled parts.
+
+    ``rows`` maps a scenario to ``(part, bytes)`` pairs from the left; what the
+    parts leave of ``total_bytes`` is drawn as free memory outside every budget.
+    Parts are coloured as in :func:`plot_budget` (weights, non-KV, KV pool) or
+    by ``INSTANCE_COLORS``. Returns the figure.
+    """
     import matplotlib.pyplot as plt
 
-    fig = plot_budget(p)
+    colors = {**COLORS, **INSTANCE_COLORS}
+    total = total_bytes / GiB
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 0.8 + 0.7 * len(rows)))
+    seen = set()
+    for y, (scenario, parts) in enumerate(rows.items()):
+        used = sum(b for _, b in parts)
+        left = 0.0
+        for label, num_bytes in [*parts, ("free, outside the budget", total_bytes - used)]:
+            gib = num_bytes / GiB
+            ax.barh(y, gib, left=left, color=colors[label], edgecolor="black", linewidth=0.4,
+                    label=None if label in seen else label)
+            seen.add(label)
+            if gib > 0.07 * total:
+                dark = label in ("KV pool", "weights", "other processes", "another instance")
+                ax.text(left + gib / 2, y, f"{gib:.1f}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+            left += gib
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, total)
+    ax.set_xlabel("GiB of GPU memory", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.4, 1.0), ncol=3, frameon=False,
+              fontsize=7.5, handlelength=1.2, columnspacing=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_png(p: budget.BudgetPlan) -> str:
+    # A Figure outside pyplot: rendering the static PNG must not switch the
+    # session's backend (matplotlib.use("Agg") did, and later cells' plt.show()
+    # then drew nothing in a notebook).
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(FIG_WIDTH_IN, 2.3))
+    plot_budget(p, ax=fig.add_subplot())
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=FIG_DPI)
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
