@@ -264,7 +264,7 @@ def test_free_memory_below_the_request_refuses_to_start():
         b.pool_from_free_memory(free_and_total=(free, H100_TOTAL))
     msg = str(info.value)
     assert "less than desired GPU memory utilization (0.92, 73.28 GiB)" in msg
-    assert "Free memory on device (73.28/79.65 GiB)" in msg
+    assert "Free memory on device cuda:0 (73.28/79.65 GiB)" in msg
     # Two instances at 0.46 each fit where one at 0.92 left the rest in use.
     r = b.pool_from_free_memory(free_and_total=(H100_TOTAL // 2 + GiB, H100_TOTAL),
                                 gpu_memory_utilization=0.46)

@@ -135,7 +135,7 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
         requested = math.ceil(total * args.gpu_memory_utilization)
         if free + weights < requested:  # what was free before the weights were loaded
             raise ValueError(
-                f"Free memory on device ({(free + weights) / budget.GiB:.2f}/{total / budget.GiB:.2f} GiB) "
+                f"Free memory on device {model.device} ({(free + weights) / budget.GiB:.2f}/{total / budget.GiB:.2f} GiB) "
                 f"on startup is less than desired GPU memory utilization ({args.gpu_memory_utilization}, "
                 f"{requested / budget.GiB:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory "
                 "used by other processes.")
