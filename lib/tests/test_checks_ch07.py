@@ -159,6 +159,54 @@ def test_a_hang_costs_one_timeout_and_every_property_says_so():
     start = time.perf_counter()
     report = checks.check_decode_attention(hangs, timeout=0.5)
     elapsed = time.perf_counter() - start
-    assert not report and len(report.results) == 8
+    assert not report and len(report.results) == 10
     assert all("no answer within 0.5 s" in r.detail for r in report.results)
     assert elapsed < 0.5 + 3.0, elapsed
+
+
+# -- review 2026-12-01 item 12: a group of 3 (padding rows) and bf16 ------------------------------------
+
+PADDED = "a group of 3 query heads, padded to 4 rows (SmolLM2: 9 over 3 KV heads)"
+BF16 = "bf16 q and caches (output in bf16)"
+
+
+def test_an_unmasked_store_of_the_padding_rows_is_named():
+    # With GROUP_P2 = 4 > GROUP = 3 the 4th row's store lands on the next group's first head, and past
+    # the output for the last KV head: the guarded tail of the output sees it, compiled or interpreted.
+    fn = solution_variant("acc / l[:, None], mask=g_ok[:, None])", "acc / l[:, None])")
+    failed = failures(checks.check_decode_attention(fn))
+    assert list(failed) == [PADDED], failed
+    assert "past the end of a [3, 9, 16] buffer it allocated" in failed[PADDED]
+    assert "Diagnosis: rows of padding not masked -- " in failed[PADDED]
+
+
+def test_an_unmasked_q_load_of_the_padding_rows_is_named():
+    # The answer stays right (the padding rows are never stored), so only the traced load shows it.
+    fn = solution_variant("q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)",
+                          "q = tl.load(q_ptr + q_off)")
+    failed = failures(checks.check_decode_attention(fn))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return  # compiled kernels cannot be traced
+    assert list(failed) == [PADDED], failed
+    assert "it loaded 16 element(s) of q past its last head" in failed[PADDED]
+    assert "Diagnosis: rows of padding not masked" in failed[PADDED]
+
+
+def test_bf16_arithmetic_is_named():
+    # Without the conversions the kernel computes in bf16: the interpreter refuses a bf16 scalar product
+    # (a GPU would round every partial sum); the same case in fp32 passes, which names the mistake.
+    fn = solution_variant(".to(tl.float32)", "")
+    failed = failures(checks.check_decode_attention(fn))
+    assert list(failed) == [BF16], failed
+    assert "Diagnosis: arithmetic in bf16 -- the same case in fp32 is right" in failed[BF16]
+
+
+def test_the_guarded_tail_catches_a_store_past_the_end():
+    from pagedkv.checks.kernel_probes import guarded_allocations
+
+    with guarded_allocations() as allocs:
+        out = torch.empty(2, 3)
+    assert out.shape == (2, 3) and out.is_contiguous()
+    assert allocs.overruns() == []
+    out.view(-1).as_strided((7,), (1,))[6] = 1.0  # one element past the end
+    assert allocs.overruns() == ["1 element(s) past the end of a [2, 3] buffer it allocated"]

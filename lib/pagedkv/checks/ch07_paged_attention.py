@@ -7,10 +7,18 @@ The learner writes a decode kernel in Triton behind a wrapper:
   request, at the last position of its sequence; the caches are block-major
   ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``block_table`` int32
   ``[num_reqs, max_blocks]``; ``seq_lens`` int32 ``[num_reqs]``. Returns an
-  output shaped like ``q``.
+  output shaped like ``q``, in q's dtype.
 
 The cases are random pools with scattered tables, lengths that are not
-multiples of the block size, GQA ratios 1 and 4, block sizes 1, 4 and 16.
+multiples of the block size, GQA ratios 1, 2, 3 and 4, block sizes 1, 4 and
+16, fp32 and bf16. The group of 3 (SmolLM2's 9 query heads over 3 KV heads)
+is the one case where the tile's ``GROUP_P2`` rows include padding: ``q`` is
+handed over as a view with poisoned guard rows after it, the buffers the
+function allocates get a guarded tail (``guarded_allocations``), and a query
+row of padding loaded (traced in the interpreter) or stored (seen on any
+device) past the group is named. The bf16 case is also run in fp32 when it
+fails: right in fp32 and wrong in bf16 means the arithmetic was not done in
+fp32 (in the interpreter bf16 values are raw 16-bit integers to numpy).
 Every slot the kernel must not read is *poison*, NaN, +inf and -inf in turn:
 the slots past ``seq_len`` in a request's last block, the free blocks, and the
 blocks behind every unused table column (valid ids, so a stray read never
@@ -38,15 +46,18 @@ computed by PyTorch, not by the kernel.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from .._device import default_device
 from ..common import cdiv
 from ..kernels.attention import paged_attention_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
-from .kernel_probes import count_triton_launches, guarded_rows, loads_in, skipped_triton_launches, traced_loads
+from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, guarded_rows, loads_in,
+                            skipped_triton_launches, traced_loads)
 
-__all__ = ["check_decode_attention", "TABLE_MISTAKE"]
+__all__ = ["check_decode_attention", "TABLE_MISTAKE", "PADDING_MISTAKE", "BF16_MISTAKE"]
 
 #: What the poisoned slots hold, element by element in turn.
 POISON = (float("nan"), float("inf"), float("-inf"))
@@ -56,7 +67,8 @@ def _poison_like(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(POISON).repeat(cdiv(x.numel(), len(POISON)))[: x.numel()].view_as(x)
 
 
-def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, max_len=70):
+def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, max_len=70,
+          dtype=torch.float32):
     """A decode step: scattered blocks; poison in every slot the kernel must not read.
 
     Besides the kernel's arguments, ``need`` (each request's number of blocks,
@@ -85,6 +97,7 @@ def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, 
         ids = ids[need[r]:]
     kc[poison], vc[poison] = _poison_like(kc[poison]), _poison_like(vc[poison])
     q = torch.randn(num_reqs, heads, head_dim, generator=g)
+    q, kc, vc = q.to(dtype), kc.to(dtype), vc.to(dtype)
     return dict(q=q, key_cache=kc, value_cache=vc, block_table=table,
                 seq_lens=torch.tensor(lens, dtype=torch.int32), scale=head_dim ** -0.5,
                 need=need, poison=poison)
@@ -117,8 +130,17 @@ def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, s
                                case["scale"] if scale is None else scale)
 
 
+def _in_fp32(case) -> dict:
+    """The same case in fp32 (a bf16 case's values, exactly)."""
+    return {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in case.items()}
+
+
 def _close(a, b) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a.float().cpu(), b.float().cpu(), atol=2e-3, rtol=2e-3))
+    # bf16 keeps 8 bits of mantissa: a right answer rounded to bf16 is within
+    # one unit of the last place (0.4 % relative) of the reference.
+    tol = 2e-2 if torch.bfloat16 in (a.dtype, b.dtype) else 2e-3
+    return a.shape == b.shape and bool(torch.allclose(a.float().cpu(), b.float().cpu(), atol=tol, rtol=tol))
 
 
 MISTAKES = [
@@ -148,6 +170,17 @@ FIRST_TILE = Mistake(
 TABLE_MISTAKE = Mistake(
     "loads block-table columns past the sequence", "mask the table load with pos < seq_len, as the "
     "K/V loads: a column past the sequence may lie past the row, or past the whole table")
+PADDING_MISTAKE = Mistake(
+    "rows of padding not masked", "with a group of 3 the tile has GROUP_P2 = 4 rows and the 4th is "
+    "padding: it belongs to the next group's first head (or lies past q and past the output for the "
+    "last KV head); mask the q load and the store with g < GROUP")
+OVERRUN_MISTAKE = Mistake(
+    "stores past the output", "a store reached past the end of the output: mask every tl.store to the "
+    "rows and heads that exist")
+BF16_MISTAKE = Mistake(
+    "arithmetic in bf16", "the same case in fp32 is right: convert q, K and V to fp32 after loading "
+    "them (.to(tl.float32)) and keep m, l and acc in fp32; the store converts back to out's dtype "
+    "(in the interpreter bf16 values are raw 16-bit integers, so bf16 arithmetic is garbage there)")
 CHEAT_MISTAKE = Mistake(
     "computed outside the kernel", "the kernel must produce the output: the wrapper only allocates "
     "it (torch.empty) and launches; every value comes from a tl.store")
@@ -160,12 +193,27 @@ def _named(case, got) -> str | None:
     return None
 
 
+def _right_in_fp32(fn, case) -> bool:
+    """Whether ``fn`` answers the fp32 copy of a (bf16) case right."""
+    fp32 = _in_fp32(case)
+    try:
+        return _close(_run(fn, fp32, _Log()), _reference(fp32))
+    except Exception:  # noqa: BLE001 -- a learner's bug in the rerun names nothing
+        return False
+
+
 def _diagnose(fn, case, got) -> str | None:
-    """Name the mistake; for a NaN output, rerun the case with zeros in place of the poison."""
+    """Name the mistake; for a NaN output, rerun the case with zeros in place of the poison.
+
+    A bf16 case that fails is first rerun in fp32: right there means the
+    arithmetic was done in bf16.
+    """
+    if case["q"].dtype == torch.bfloat16 and _right_in_fp32(fn, case):
+        return BF16_MISTAKE.diagnosis()
     if bool(torch.isfinite(got.float()).all()):
         return _named(case, got)
     clean = _cleaned(case)
-    got_clean = _run(fn, clean, [], [])
+    got_clean = _run(fn, clean, _Log())
     if not bool(torch.isfinite(got_clean.float()).all()):
         return FIRST_TILE.diagnosis()
     named = _named(clean, got_clean)
@@ -188,24 +236,61 @@ def _table_reads_past(case, view, addresses) -> str | None:
     return None
 
 
-def _run(fn, case, launches_seen: list[int], table_reads: list[str]):
-    """Run ``fn`` on device copies of ``case``, its table a guarded view; trace the table loads."""
+@dataclass
+class _Log:
+    """What the probes saw, call after call."""
+
+    launches: list[int] = field(default_factory=list)  # Triton launches per call
+    table_reads: list[str] = field(default_factory=list)  # table columns loaded past a sequence
+    past_q: list[str] = field(default_factory=list)  # query rows loaded past q (this call: last entry)
+    overruns: list[str] = field(default_factory=list)  # stores past a buffer the call allocated
+
+
+def _run(fn, case, log: _Log):
+    """Run ``fn`` on device copies of ``case``, its table and q guarded views; record what it touched.
+
+    The table and q sit between guard rows; the buffers ``fn`` allocates get
+    a guarded tail. ``log`` receives the launches, the table loads past a
+    sequence, the loads of q's guard row after it (interpreter only) and the
+    stores past an allocated buffer, each call's as one entry.
+    """
     dev = default_device()
     args = {k: (case[k].to(dev, copy=True) if isinstance(case[k], torch.Tensor) else case[k])
-            for k in ("q", "key_cache", "value_cache", "seq_lens", "scale")}
+            for k in ("key_cache", "value_cache", "seq_lens", "scale")}
     # The guard row after the table points at a poisoned block too: a stray read stays in the cache.
     args["block_table"] = guarded_rows(case["block_table"], guard=int(case["block_table"][0, -1]))
-    with count_triton_launches() as launches, traced_loads() as addresses:
+    # q's guard rows hold NaN: a row of padding loaded past the last head reads it.
+    args["q"] = guarded_copy(case["q"])
+    with count_triton_launches() as launches, traced_loads() as addresses, guarded_allocations() as allocs:
         got = fn(**args)
-    launches_seen.append(launches.count)
+    log.launches.append(launches.count)
     seen = _table_reads_past(case, args["block_table"], addresses)
     if seen:
-        table_reads.append(seen)
+        log.table_reads.append(seen)
+    q_rows = loads_in(addresses, args["q"].view(args["q"].shape[0], -1))
+    past = int((q_rows[:, 0] >= args["q"].shape[0]).sum()) if len(q_rows) else 0
+    log.past_q.append(f"it loaded {past} element(s) of q past its last head" if past else "")
+    over = allocs.overruns()
+    log.overruns.append(f"it wrote {over[0]}" if over else "")
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"expected a torch.Tensor, got {type(got).__name__}")
     if got.shape != case["q"].shape:
         raise AssertionError(f"expected q's shape {tuple(case['q'].shape)}, got {tuple(got.shape)}")
+    if got.dtype != case["q"].dtype:
+        raise AssertionError(f"expected q's dtype {case['q'].dtype}, got {got.dtype}")
     return got
+
+
+def _past_the_group(case, log: _Log) -> None:
+    """Raise when the last call loaded q past its end or stored past an allocation."""
+    what = [w for w in (log.overruns[-1], log.past_q[-1]) if w]
+    if not what:
+        return
+    heads, kv_heads = case["q"].shape[1], case["key_cache"].shape[2]
+    group = heads // kv_heads
+    padded = group & (group - 1) != 0
+    mistake = PADDING_MISTAKE if padded else OVERRUN_MISTAKE
+    raise WrongAnswer(f"{'; '.join(what)} (groups of {group} query heads)", mistake.diagnosis())
 
 
 def _without_kernels(fn, case) -> None:
@@ -227,11 +312,10 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
     hang stops the whole check after one timeout).
     """
     fn = decode_attention
-    launches: list[int] = []
-    table_reads: list[str] = []
+    log = _Log()
     with Checker("decode attention", timeout=timeout) as c:
         def first():
-            _run(fn, _case(seed, num_reqs=1, kv_heads=2, max_len=16), launches, table_reads)
+            _run(fn, _case(seed, num_reqs=1, kv_heads=2, max_len=16), log)
 
         if not c.prop("runs and returns a tensor shaped like q", first):
             if "not implemented yet" in c.report.results[-1].detail:
@@ -241,7 +325,14 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
             def body():
                 for i in range(2):
                     case = _case(seed * 100 + i, **shape)
-                    got = _run(fn, case, launches, table_reads)
+                    try:
+                        got = _run(fn, case, log)
+                    except Exception as exc:  # noqa: BLE001 -- named if fp32 works
+                        if case["q"].dtype == torch.bfloat16 and _right_in_fp32(fn, case):
+                            raise WrongAnswer(f"case {i}: raised {type(exc).__name__} on bf16 input "
+                                              f"({str(exc)[:120]})", BF16_MISTAKE.diagnosis()) from exc
+                        raise
+                    _past_the_group(case, log)
                     if not _close(got, _reference(case)):
                         finite = bool(torch.isfinite(got.float()).all())
                         raise WrongAnswer(f"case {i} ({case['q'].shape[0]} requests, block size "
@@ -258,17 +349,21 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
         c.prop("grouped-query attention, 4 query heads per KV head",
                case_prop(num_reqs=3, heads=8, kv_heads=2, max_len=50), hint)
         c.prop("GQA ratio 1 (multi-head attention)", case_prop(num_reqs=3, heads=2, kv_heads=2, max_len=50), hint)
+        c.prop("a group of 3 query heads, padded to 4 rows (SmolLM2: 9 over 3 KV heads)",
+               case_prop(num_reqs=3, heads=9, kv_heads=3, max_len=50), hint)
+        c.prop("bf16 q and caches (output in bf16)",
+               case_prop(num_reqs=3, heads=8, kv_heads=4, max_len=50, dtype=torch.bfloat16), hint)
 
         def table_loads():
             case_prop(num_reqs=3, block_size=4, max_len=30)()
-            if table_reads:
-                raise WrongAnswer(f"{table_reads[0]} ({len(table_reads)} call(s) read past a sequence)",
+            if log.table_reads:
+                raise WrongAnswer(f"{log.table_reads[0]} ({len(log.table_reads)} call(s) read past a sequence)",
                                   TABLE_MISTAKE.diagnosis())
 
         c.prop("never loads a block-table column past the sequence", table_loads)
 
         def launched():
-            if not launches or min(launches) == 0:
+            if not log.launches or min(log.launches) == 0:
                 raise AssertionError("no Triton kernel ran in some call: the attention must be computed "
                                      "by a @triton.jit kernel launched as kernel[grid](...)")
             _without_kernels(fn, _case(seed + 7, num_reqs=2, max_len=20))
@@ -278,4 +373,5 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
 
 
 catalogue(check_decode_attention, [m for _, m in MISTAKES],
-          [READ_PAST, READ_POISON, FIRST_TILE, TABLE_MISTAKE, CHEAT_MISTAKE])
+          [READ_PAST, READ_POISON, FIRST_TILE, TABLE_MISTAKE, PADDING_MISTAKE, OVERRUN_MISTAKE, BF16_MISTAKE,
+           CHEAT_MISTAKE])

@@ -12,6 +12,14 @@
   cannot be traced). ``loads_in`` then counts the loads a kernel made into
   any region of that buffer, so a checker can name an unmasked load that
   reads outside what it may read, even when the value it read is discarded.
+  ``guarded_copy`` does the same for any tensor (the guard rows hold a
+  poison value of its dtype).
+* ``guarded_allocations``: every buffer a call allocates (``torch.empty``,
+  ``empty_like``, ``zeros``, ``clone``, ...) is handed out as a view into a
+  larger buffer whose tail holds a sentinel. A kernel that stores past the
+  end of its output (an unmasked row of padding, say) writes into that tail,
+  not into someone else's memory, and ``overruns()`` says so afterwards; this
+  works compiled as well as interpreted, since it reads values, not traces.
 
 Every launch, compiled or interpreted, goes through ``run`` on the kernel
 object (``kernel[grid](...)`` calls it), and every interpreted load through
@@ -32,12 +40,15 @@ from torch.overrides import TorchFunctionMode
 from .._device import default_device
 
 __all__ = ["LaunchCount", "count_triton_launches", "skipped_triton_launches", "interpreted",
-           "GUARD_BLOCK_ID", "guarded_rows", "traced_loads", "loads_in", "INT_POISON"]
+           "GUARD_BLOCK_ID", "guarded_rows", "guarded_copy", "traced_loads", "loads_in", "INT_POISON",
+           "GuardedAllocations", "guarded_allocations", "SENTINEL"]
 
 #: The block id in the guard rows around a ``guarded_rows`` table.
 GUARD_BLOCK_ID = 999_999
 #: What a poisoned integer buffer holds (floating buffers hold NaN).
 INT_POISON = -123_456_789
+#: What the tail of a guarded allocation holds (in the buffer's dtype).
+SENTINEL = -12_345
 
 
 @dataclass
@@ -127,6 +138,66 @@ def guarded_rows(table: torch.Tensor, guard: int = GUARD_BLOCK_ID) -> torch.Tens
                      device=default_device())
     buf[1:-1] = table.to(buf.device)
     return buf[1:-1]
+
+
+def guarded_copy(x: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
+    """A copy of ``x`` on the default device, as a view with one guard row (all ``fill``) before and after.
+
+    Like ``guarded_rows`` for a tensor of any dtype and rank (rows along dim
+    0); the view is contiguous. Read it with ``loads_in(addresses,
+    view.view(view.shape[0], -1))``.
+    """
+    buf = torch.full((x.shape[0] + 2, *x.shape[1:]), fill, dtype=x.dtype, device=default_device())
+    buf[1:-1] = x.to(buf.device)
+    return buf[1:-1]
+
+
+class GuardedAllocations(TorchFunctionMode):
+    """Fresh buffers come with a guarded tail: a view of the first ``numel`` elements of a larger buffer.
+
+    The tail holds ``SENTINEL``; ``overruns()`` lists the buffers whose tail
+    changed, i.e. that a kernel wrote past the end of. Only contiguous,
+    non-empty floating or integer results of the factories below are
+    guarded; anything else passes through untouched.
+    """
+
+    FACTORIES = (torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.ones,
+                 torch.ones_like, torch.full, torch.full_like, torch.empty_strided, torch.Tensor.new_empty,
+                 torch.Tensor.new_zeros, torch.Tensor.new_full, torch.Tensor.new_ones, torch.Tensor.clone)
+
+    def __init__(self):
+        super().__init__()
+        self.buffers: list[tuple[torch.Tensor, int, tuple]] = []  # (buffer, numel, shape)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func not in self.FACTORIES or not isinstance(out, torch.Tensor) or out.numel() == 0
+                or out.dtype == torch.bool or out.is_complex() or not out.is_contiguous()):
+            return out
+        n = out.numel()
+        buf = torch.empty(2 * n + 64, dtype=out.dtype, device=out.device)
+        buf[n:] = SENTINEL
+        view = buf[:n].view(out.shape)
+        view.copy_(out)
+        self.buffers.append((buf, n, tuple(out.shape)))
+        return view
+
+    def overruns(self) -> list[str]:
+        """One line per guarded buffer written past its end: its shape and how many elements."""
+        found = []
+        for buf, n, shape in self.buffers:
+            written = int((buf[n:] != SENTINEL).sum())
+            if written:
+                found.append(f"{written} element(s) past the end of a {list(shape)} buffer it allocated")
+        return found
+
+
+@contextmanager
+def guarded_allocations():
+    """``with guarded_allocations() as g: ...``; afterwards ``g.overruns()`` names the overrun buffers."""
+    mode = GuardedAllocations()
+    with mode:
+        yield mode
 
 
 @contextmanager

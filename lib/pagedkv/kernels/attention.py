@@ -32,9 +32,13 @@ segments: enough to fill the programs the GPU holds at once (its resident
 capacity, from the compiled kernel's registers and shared memory), see
 ``split_rule``.
 
-The K/V loads overlap the compute: a tile's block ids are read one iteration
-ahead, so the compiler keeps two K/V tiles in flight (``tools/compile_check.py``
-counts the buffers in the compiled loop). Tiles, warps and pipeline stages
+The K/V loads can overlap the compute: a tile's block ids are read one
+iteration ahead, so the compiler's pipeliner may copy later K/V tiles while
+one computes. How many it keeps in flight depends on the configuration
+(``tools/compile_check.py`` counts the buffers in the compiled loop: two for
+decode and split at three stages; one for the fp32 configurations with two
+stages, every fp32 prefill among them, so no tile is loaded ahead there; up
+to three for 2-byte prefill on sm_90). Tiles, warps and pipeline stages
 depend on dtype and head_dim (``_tile_config``) so that every configuration
 fits the shared memory of an A100 and an H200.
 
@@ -147,8 +151,8 @@ def _paged_attention_kernel(
     # The block ids of a tile are read one iteration ahead and carried in the
     # loop: a K/V address then depends on no load of its own iteration, so the
     # compiler's pipeliner can issue the next tiles' K/V copies while this one
-    # computes (num_stages buffers). Never read the table at or past kv_hi:
-    # those columns may be garbage.
+    # computes (the compile report counts its buffers). Never read the table
+    # at or past kv_hi: those columns may be garbage.
     pos = kv_lo + tl.arange(0, TILE_N)
     next_ids = tl.load(table_row + pos // block_size, mask=pos < kv_hi, other=0)
     for start in range(kv_lo, kv_hi, TILE_N):

@@ -173,20 +173,27 @@ def allocation_layout(comp: int, new_comp: int, new: int, lookahead: int,
 
 
 def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
-                          group: int, title: str = "") -> Figure:
+                          group: int, title: str = "", request: int | None = None) -> Figure:
     """One KV head's slice of a paged-attention launch, and one tile's rows.
 
     Left: the programs of ``plan`` (an ``AttentionPlan``) for KV head 0, one
     column per request (``program_id(0)``), one row per query tile
     (``program_id(2)``, splits folded in). A program whose tile holds some
     of its request's new tokens is blue and says which; one past them is
-    grey (it returns at once). Right: the rows of one query tile, query
-    token ``r // group`` times query head ``r % group``, and the keys it
-    walks in steps of ``plan.tile_n``, ending at its request's ``seq_len``.
+    grey (it returns at once). Right: the first query tile of ``request``
+    (default: the request with the longest sequence), outlined on the left.
+    Its rows are query token ``r // group`` times query head ``r % group``,
+    each labelled with its position in the sequence; rows past the
+    request's new tokens are padding, masked. Beside them, the key tiles it
+    walks in steps of ``plan.tile_n``, up to its causal limit.
     """
     if len(q_lens) != len(seq_lens) or len(q_lens) != plan.grid[0]:
         raise ValueError(f"q_lens and seq_lens must have one entry per request of the plan "
                          f"({plan.grid[0]}), got {len(q_lens)} and {len(seq_lens)}")
+    if request is None:
+        request = max(range(len(seq_lens)), key=lambda r: seq_lens[r])
+    if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(q_lens):
+        raise ValueError(f"request must be an int from 0 to {len(q_lens) - 1}, got {request!r}")
     fig, (grid_ax, tile_ax) = plt.subplots(1, 2, figsize=(6.8, 3.0), width_ratios=[1.25, 1],
                                            constrained_layout=True)
     tiles = plan.num_q_tiles
@@ -199,6 +206,8 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
             label = f"tokens {lo}..{min(n, lo + plan.block_q) - 1}" if busy else "returns"
             grid_ax.text(r + 0.47, tiles - 0.55 - t, label, ha="center", va="center", fontsize=7,
                          color="white" if busy else "#555555")
+    grid_ax.add_patch(plt.Rectangle((request, tiles - 1), 0.94, 0.9, fill=False, lw=2,
+                                    edgecolor="#d7191c"))
     grid_ax.set(xlim=(0, len(q_lens)), ylim=(0, tiles), xlabel="program_id(0): request",
                 ylabel="program_id(2): query tile")
     grid_ax.set_title(title or f"grid {plan.grid} (KV head 0)", fontsize=9)
@@ -206,22 +215,28 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
                        [f"{n} new / {s}" for n, s in zip(q_lens, seq_lens)], fontsize=7)
     grid_ax.set_yticks([tiles - 0.55 - t for t in range(tiles)], [str(t) for t in range(tiles)],
                        fontsize=7)
+    q_len, ctx = q_lens[request], seq_lens[request] - q_lens[request]
     rows = min(plan.block_m, 16)
-    cells = np.array([[r // group, r % group] for r in range(rows)])
-    tile_ax.imshow(cells[:, :1], aspect="auto", cmap="Blues", vmin=-1, vmax=cells[:, 0].max() + 1,
+    tokens = np.array([r // group for r in range(rows)])
+    live = tokens < min(q_len, plan.block_q)
+    shade = np.where(live, tokens, -1)[:, None]
+    tile_ax.imshow(shade, aspect="auto", cmap="Blues", vmin=-1, vmax=max(1, tokens.max() + 1),
                    extent=(0, 1, rows, 0))
     for r in range(rows):
-        tile_ax.text(0.5, r + 0.5, f"token {cells[r, 0]}, head {cells[r, 1]}", ha="center",
-                     va="center", fontsize=6.5)
-    steps = max(1, cdiv(max(seq_lens), plan.tile_n))
+        label = f"pos {ctx + tokens[r]}, head {r % group}" if live[r] else "padding (masked)"
+        tile_ax.text(0.5, r + 0.5, label, ha="center", va="center", fontsize=6.5,
+                     color="black" if live[r] else "#555555")
+    kv_end = ctx + min(plan.block_q, q_len)  # the tile's causal limit
+    steps = max(1, cdiv(kv_end, plan.tile_n))
     for j in range(min(steps, 4)):
+        lo, hi = j * plan.tile_n, min((j + 1) * plan.tile_n, kv_end) - 1
         tile_ax.add_patch(plt.Rectangle((1.15 + j * 0.45, 0), 0.4, rows, color="#fdae61"))
-        tile_ax.text(1.35 + j * 0.45, rows / 2, f"keys {j * plan.tile_n}..", rotation=90,
+        tile_ax.text(1.35 + j * 0.45, rows / 2, f"keys {lo}..{hi}", rotation=90,
                      ha="center", va="center", fontsize=7)
-    shown = "" if rows == plan.block_m else f" (first {rows} shown)"
+    shown = "" if rows == plan.block_m else f" (first {rows} of {plan.block_m})"
     tile_ax.set(xlim=(0, 1.15 + min(steps, 4) * 0.45), ylim=(rows, 0), xticks=[],
                 ylabel=f"row of the tile{shown}")
-    tile_ax.set_title(f"one tile: {plan.block_m} rows, {plan.tile_n} keys a step", fontsize=9)
+    tile_ax.set_title(f"request {request}'s tile 0: {plan.tile_n} keys a step", fontsize=9)
     tile_ax.tick_params(labelsize=7)
     plt.close(fig)
     return fig
