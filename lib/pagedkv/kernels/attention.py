@@ -474,7 +474,7 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
         q: ``[num_tokens, num_heads, head_dim]``, the new tokens of every
             request, concatenated in ``query_start_loc`` order.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads,
-            head_dim]`` (what ``reshape_and_cache`` writes), q's dtype.
+            head_dim]`` (what ``reshape_and_cache``, vLLM's ``reshape_and_cache_flash``, writes), q's dtype.
         block_table: int32 ``[num_reqs, max_blocks]``; only the first
             ``cdiv(seq_lens[r], block_size)`` columns of row ``r`` are read.
         seq_lens: int32 ``[num_reqs]``, tokens in the cache after this step.
