@@ -34,6 +34,11 @@ def test_solution_passes_every_property(capsys):
     report = checks.check_preemption_loop(solution_loop())
     assert report and len(report.results) == 8
     assert "\u274c" not in capsys.readouterr().out
+    # The engine runs are compared with the library's loop, and say so.
+    engine_names = [r.name for r in report.results if r.name.startswith("engine, ")]
+    assert len(engine_names) == 5
+    assert all(n.endswith(": as preempt_last_running") for n in engine_names)
+    assert not any("vLLM" in r.name for r in report.results)
 
 
 def test_a_differently_written_correct_loop_passes():
@@ -195,7 +200,7 @@ def test_a_different_decision_without_a_foul_is_caught_by_the_step_comparison():
         return blocks
 
     details = failures(checks.check_preemption_loop(lookahead))
-    assert any("vLLM's loop \u00ab" in d or "other blocks" in d for d in details), details
+    assert any("preempt_last_running \u00ab" in d or "other blocks" in d for d in details), details
     assert any("expected it to have" in d for d in details), details
 
 

@@ -32,3 +32,27 @@ def test_pending_page_says_so_and_a_report_fills_the_table():
 def test_a_cpu_report_adds_the_engine_section_on_a_cpu():
     page = _report.render(None, None, {"engine": dict(lines=["   batch 8   59.5   35.1   1.70x"])})
     assert "## The serving engine on a CPU" in page and "1.70x" in page and "pending" in page
+
+
+def test_cpu_notes_name_the_quantized_model_and_explain_the_smaller_pool():
+    page = _report.render(None, None, {"engine": dict(lines=[], seed_experiment=dict(num_blocks=2048))})
+    assert "Q4_1" in page and "dequantizes them to fp32" in page and "oneDNN" in page
+    # The benchmark's one-layer model has one KV head, chapter 8's two: half the bytes per block.
+    assert "is 8.0 MiB here and 16.0 MiB in chapter 8" in page
+
+
+def test_compile_notes_explain_32_register_rows_and_2_byte_spills():
+    def fig(regs, spills):
+        return dict(regs=regs, spills=spills, shared=1024, resident=1)
+
+    rows = [dict(name="prefill fp32 d128", kind="prefill", dtype="fp32", head_dim=128,
+                 sm_90=fig(32, 14_000), sm_80=fig(200, 0)),
+            dict(name="decode fp32 d256", kind="decode", dtype="fp32", head_dim=256,
+                 sm_90=fig(180, 0), sm_80=fig(150, 0)),
+            dict(name="prefill bf16 d256", kind="prefill", dtype="bf16", head_dim=256,
+                 sm_90=fig(200, 0), sm_80=fig(255, 64))]
+    notes = "\n".join(_report._compile_notes(dict(rows=rows)))
+    assert "1 fp32 rows on sm_90 and 0 on sm_80 report 32 registers with 14,000-14,000 B" in notes
+    assert "use 150-200" in notes
+    assert "fp16 and bf16 prefill at head_dim 256 spill 64-64 B on sm_80 (1 rows)" in notes
+    assert _report._compile_notes(dict(rows=rows[1:2])) == []

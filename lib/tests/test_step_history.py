@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -56,6 +58,16 @@ def test_kv_usage_figure_marks_first_preemption(run):
     assert f"preempted {rid} (step {step})" in texts
     with pytest.raises(ValueError, match="labels"):
         kv_usage_figure(history, labels=["a", "b"])
+
+
+def test_kv_usage_figure_keeps_its_key_outside_the_axes(run):
+    _, history = run
+    fig = kv_usage_figure([history] * 7, labels=[f"{n} requests" for n in range(2, 9)])
+    fig.savefig(io.BytesIO(), format="png")  # lays the figure out, as the notebook's display does
+    ax = fig.axes[0]
+    key, plot = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert key.x0 >= plot.x1, (key, plot)  # right of the axes: it hides no line
+    assert key.x1 <= fig.bbox.x1 + 0.5  # and still inside the figure
 
 
 def test_kv_usage_figure_marks_every_event_with_all(run):

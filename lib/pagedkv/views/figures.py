@@ -285,7 +285,8 @@ def kv_usage_figure(history, labels: Sequence[str] | None = None, title: str = "
                             textcoords="offset points", xytext=(4, -12 if kind == "resumed" else 4),
                             fontsize=7, color=colour)
     ax.set(xlabel="engine step", ylabel="KV cache usage (%)", ylim=(0, 108), title=title)
-    ax.legend(fontsize=7, ncol=min(len(runs), 4), loc="lower right")
+    # Outside the axes, to the right: inside, the key would hide a run's tail.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     ax.grid(alpha=0.3)
     plt.close(fig)
     return fig
