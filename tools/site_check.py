@@ -56,9 +56,11 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import html.parser
 import http.server
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -67,6 +69,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -247,7 +250,7 @@ class Browser:
 # Runs in the page after load. Returns {problems: [[kind, detail]], counts: {...}, replays: n}.
 _PAGE_JS = r"""
 (async () => {
-  const problems = [], counts = {pool: 0, table: 0, replay: 0, figure: 0, marks: 0, boxes: 0};
+  const problems = [], counts = {pool: 0, table: 0, replay: 0, figure: 0, marks: 0, boxes: 0, explorable: 0};
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   // Images below the fold may be lazy: load them all before measuring.
   const imgs = Array.from(document.images);
@@ -345,6 +348,18 @@ _PAGE_JS = r"""
   }
   window.__pkvReplays = replays;
 
+  // Explorables: the script ran (controls shown) and the output is drawn.
+  const explorables = Array.from(col.querySelectorAll('.pagedkv-explorable'));
+  for (const el of explorables) {
+    counts.explorable++;
+    const controls = el.querySelector('.pkv-controls'), out = el.querySelector('.pkv-out');
+    if (!el.dataset.mounted || !controls || !shown(controls))
+      problems.push(['explorable', `${where(el)}: the ${el.dataset.kind} explorable's script did not run`]);
+    if (!out || area(out) < 100)
+      problems.push(['empty', `${where(el)}: the ${el.dataset.kind} explorable shows no output`]);
+  }
+  window.__pkvExplorables = explorables;
+
   // Checker marks: non-zero width, and drawn in colour in the element's own fonts.
   const marks = {};
   const walker = document.createTreeWalker(col, NodeFilter.SHOW_TEXT);
@@ -373,7 +388,7 @@ _PAGE_JS = r"""
         problems.push(['marks', `${where(n.parentElement)}: ${ch} renders ${w > 0 ? 'without colour (a blank box or missing glyph)' : 'with zero width'} in ${cs.fontFamily}`]);
     }
   }
-  return {problems, counts, replays: replays.length};
+  return {problems, counts, replays: replays.length, explorables: explorables.length};
 })()
 """
 
@@ -393,6 +408,112 @@ _REPLAY_STATE_JS = r"""
   return {shown, step, box, frames: frames.length};
 })(%d, %s)
 """
+
+
+# Set explorable k's controls to ``values`` (null: leave them), one input event
+# each as a reader's move fires, then read back the controls and the output.
+_EXPLORABLE_JS = r"""
+((k, values) => {
+  const el = window.__pkvExplorables[k];
+  const controls = Array.from(el.querySelectorAll('[data-input]'));
+  for (const c of controls) {
+    if (!values || !(c.dataset.input in values)) continue;
+    c.value = values[c.dataset.input];
+    c.dispatchEvent(new Event('input', {bubbles: true}));
+  }
+  return {kind: el.dataset.kind, config: el.dataset.config,
+          slider: controls.some(c => c.type === 'range'),
+          controls: controls.map(c => ({name: c.dataset.input, type: c.dataset.type, value: c.value,
+            options: c.tagName === 'SELECT' ? Array.from(c.options).map(o => o.value) : null,
+            range: c.type === 'range' ? [c.min, c.max, c.step] : null})),
+          text: el.querySelector('.pkv-out').textContent};
+})(%d, %s)
+"""
+
+
+class _Text(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def text_of(markup: str) -> str:
+    """What ``textContent`` reads of ``markup``: its text, entities decoded."""
+    parser = _Text()
+    parser.feed(markup)
+    parser.close()
+    return "".join(parser.parts)
+
+
+def _control_value(control: dict):
+    """A control's value as the module receives it: text, an int, or (a range) a float."""
+    value, kind = control["value"], control["type"]
+    return int(value) if kind == "int" else float(value) if kind == "float" else value
+
+
+def _random_values(controls: list[dict], rng: random.Random) -> dict:
+    """A setting of every control: one of its options, or one step of its range."""
+    values = {}
+    for c in controls:
+        if c["options"]:
+            values[c["name"]] = rng.choice(c["options"])
+        elif c["range"]:
+            lo, hi, step = (Decimal(x) for x in c["range"])
+            values[c["name"]] = format((lo + step * rng.randint(0, int((hi - lo) / step))).normalize(), "f")
+    return values
+
+
+def library_text(state: dict) -> str:
+    """The output text the library gives for an explorable's controls, as the page reports them."""
+    from pagedkv.views.explorables import KINDS
+
+    kind, config = KINDS[state["kind"]], json.loads(state["config"])
+    values = {c["name"]: _control_value(c) for c in state["controls"]}
+    return text_of(kind.render(kind.figures(kind.inputs(values, config)), config))
+
+
+def _first_difference(got: str, want: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f"shows '...{got[max(0, at - 30):at + 50]}' where the library gives '...{want[max(0, at - 30):at + 50]}'"
+
+
+def check_explorable(browser: "Browser", k: int, cases: int, seed: str) -> list[tuple[str, str]]:
+    """Move explorable ``k``'s controls to ``cases`` seeded settings, then one step of its
+    slider with the keyboard; after each move its output must read as the library's."""
+    problems = []
+    state = browser.evaluate(_EXPLORABLE_JS % (k, "null"))
+    rng = random.Random(seed)
+    moves = [_random_values(state["controls"], rng) for _ in range(cases)]
+    for values in [*moves, "keyboard"]:
+        if values == "keyboard":
+            if not state["slider"]:
+                continue
+            before = {c["name"]: c["value"] for c in state["controls"]}
+            browser.evaluate(f"window.__pkvExplorables[{k}].querySelector('input[type=range]').focus()")
+            for kind in ("keyDown", "keyUp"):
+                browser.send("Input.dispatchKeyEvent", {"type": kind, "key": "ArrowLeft", "code": "ArrowLeft",
+                                                        "windowsVirtualKeyCode": 37})
+            state = browser.evaluate(_EXPLORABLE_JS % (k, "null"))
+            moved = {c["name"]: c["value"] for c in state["controls"]} != before
+            if not moved:
+                problems.append(("explorable", f"{state['kind']} {k + 1}: its slider did not move "
+                                               "with the arrow key"))
+        else:
+            state = browser.evaluate(_EXPLORABLE_JS % (k, json.dumps(values)))
+            shown = {c["name"]: c["value"] for c in state["controls"] if c["name"] in values}
+            if shown != {n: str(v) for n, v in values.items()}:
+                problems.append(("explorable", f"{state['kind']} {k + 1}: controls set to {values} "
+                                               f"read {shown}"))
+                continue
+        want = library_text(state)
+        if state["text"] != want:
+            setting = {c["name"]: c["value"] for c in state["controls"]}
+            problems.append(("explorable", f"{state['kind']} {k + 1} at {setting}: "
+                                           + _first_difference(state["text"], want)))
+    return problems
 
 
 @dataclass
@@ -460,7 +581,8 @@ def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
     return unique
 
 
-def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -> PageResult:
+def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
+               explorable_cases: int = 8) -> PageResult:
     t0 = time.monotonic()
     result = PageResult(page)
     browser.events.clear()
@@ -497,6 +619,8 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -
             result.problems.append(("replay", f"replay {k + 1} did not advance when next was clicked "
                                               f"(frames shown {before['shown']} -> {after['shown']}, "
                                               f"step '{before['step']}' -> '{after['step']}')"))
+    for k in range(found.get("explorables", 0)):
+        result.problems.extend(check_explorable(browser, k, explorable_cases, f"{page}:{k}"))
     browser.drain()
     result.problems[:0] = _event_problems(browser.events)
     if screenshot is not None:
@@ -564,7 +688,7 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
 
 
 # What the book's pages must contain somewhere, so that no check silently finds nothing.
-BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2}
+BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,11 +702,12 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.html_dir, args.screenshots, args.only)
     failed = [r for r in results if not r.ok]
     totals = {k: sum(r.counts.get(k, 0) for r in results) for k in ("pool", "table", "replay", "figure",
-                                                                        "marks", "boxes")}
+                                                                        "marks", "boxes", "explorable")}
     missing = [] if args.no_expect or args.only else [
         f"{k} ({totals[k]} found, {n} expected)" for k, n in BOOK_EXPECTS.items() if totals[k] < n]
     print(f"{len(results)} pages in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
-          f"{totals['table']} block tables, {totals['replay']} replays, {totals['figure']} figures, "
+          f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
+          f"{totals['figure']} figures, "
           f"{totals['marks']} checker marks; {totals['boxes']} boxes too wide on "
           f"{sum(1 for r in results if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
     if missing:

@@ -65,7 +65,8 @@ class Control:
     range: tuple[float, float, float] | None = None
 
     def html(self, dom_id: str) -> str:
-        kind = "str" if isinstance(self.value, str) else "num"
+        kind = ("float" if self.range is not None or isinstance(self.value, float)
+                else "str" if isinstance(self.value, str) else "int")
         cid = f"{dom_id}-{self.name}"
         attrs = f"id='{cid}' data-input='{self.name}' data-type='{kind}'"
         if self.options is not None:
@@ -76,7 +77,7 @@ class Control:
             lo, hi, step = self.range
             field = (f"<input type='range' {attrs} min='{lo}' max='{hi}' step='{step}' "
                      f"value='{self.value}'/><output for='{cid}'>{self.value}</output>")
-        return f"<label for='{cid}'>{esc(self.label)}</label>{field}"
+        return f"<label for='{cid}'>{esc(self.label)}</label><span>{field}</span>"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ STYLE = """<style>
 .pkv-explorable label{font-family:monospace;font-size:13px}
 .pkv-explorable output{font-family:monospace;margin-left:6px}
 .pkv-explorable input[type=range]{vertical-align:middle;width:60%}
+.pkv-explorable select{width:auto}
 .pkv-explorable .pkv-verdict{margin:4px 0;padding:4px 6px;border-left:4px solid}
 .pkv-explorable .pkv-ok{border-color:#1b9e5a}
 .pkv-explorable .pkv-refused,.pkv-explorable .pkv-invalid{border-color:#d6336c;border-left-style:double;
@@ -111,7 +113,7 @@ STYLE = """<style>
 .pkv-explorable .pkv-legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .pkv-explorable table.pkv-table{margin:6px 0;border-collapse:collapse}
 .pkv-explorable table.pkv-table td{padding:1px 12px 1px 0;border:0}
-.pkv-explorable table.pkv-table td+td{text-align:right;font-weight:bold}
+.pkv-explorable table.pkv-table td+td{text-align:right;font-weight:bold;white-space:nowrap}
 .pkv-explorable .pkv-log{font-family:monospace;font-size:12px;margin-top:4px}
 .pkv-explorable .pkv-note{font-size:12px;opacity:.8}
 </style>"""
@@ -149,6 +151,9 @@ class Explorable:
 
     def _repr_html_(self) -> str:
         return self.html()
+
+    def __repr__(self) -> str:
+        return f"{self.title} ({self.kind} explorable: {', '.join(c.name for c in self.controls)})"
 
 
 # ---------------------------------------------------------------- chapter 1: the budget

@@ -18,9 +18,10 @@
    mount(id)         wires an explorable's controls: on every input it
                      recomputes the figures (kind.compute) and redraws the
                      output (kind.render). The controls carry `hidden` in the
-                     markup; mount unhides them, so a page where no script
-                     runs shows the figures drawn for the default settings
-                     and no dead control.
+                     markup; mount unhides them (and hides the note naming
+                     the default settings), so a page where no script runs
+                     shows the figures drawn for those settings and no dead
+                     control.
 */
 var pkvExplore = (typeof pkvExplore === 'object' && pkvExplore) || (function () {
   'use strict';
@@ -103,6 +104,7 @@ var pkvExplore = (typeof pkvExplore === 'object' && pkvExplore) || (function () 
     }
     controls.forEach(function (el) { el.addEventListener('input', update); });
     root.querySelector('.pkv-controls').hidden = false;
+    root.querySelectorAll('.pkv-static').forEach(function (el) { el.hidden = true; });
     root.dataset.mounted = '1';
     update();
   }
