@@ -187,3 +187,35 @@ def test_the_static_output_is_the_default_settings_figures_and_the_controls_wait
     assert explorables.render_budget(figures, ex.config) in page
     assert "class='pkv-controls' hidden" in page and "pkvExplore.mount('pkv-budget-" in page
     assert "http" not in page.replace("https://docs.vllm.ai", "")  # nothing to fetch
+
+
+# ---------------------------------------------------------------- chapter 2: tail waste
+
+
+@pytest.fixture(scope="module")
+def tail_js():
+    node = Node("tail")
+    yield node
+    node.close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(length=st.integers(1, 2**17), block_size=st.one_of(st.sampled_from([1, 16, 64, 65, 128, 256]),
+                                                             st.integers(1, 512)),
+       model=st.sampled_from(list(budget.MODELS)), dtype=st.sampled_from(["bf16", "fp8", "fp32"]))
+def test_tail_module_gives_the_librarys_figures(tail_js, length, block_size, model, dtype):
+    config = explorables.tail_config(model, dtype)
+    inputs = explorables.tail_inputs({"length": length, "block_size": block_size}, config)
+    expected = explorables.tail_figures(inputs)
+    assert tail_js("compute", inputs, config) == expected
+    assert tail_js("render", expected, config) == explorables.render_tail(expected, config)
+
+
+def test_tail_module_reproduces_chapter_2s_lengths(tail_js):
+    """1, 15, 16, 17 tokens at block size 16 leave 15, 1, 0, 15 slots; 15 of them are 1.875 MiB."""
+    config = explorables.tail_config()
+    tails = [tail_js("compute", {"length": n, "block_size": 16, **config["fixed"]}, config)["tail"]
+             for n in (1, 15, 16, 17)]
+    assert tails == [15, 1, 0, 15]
+    worst = tail_js("compute", {"length": 17, "block_size": 16, **config["fixed"]}, config)["rows"][5]
+    assert worst == ["worst case, B - 1 slots", "1.88 MiB"]

@@ -25,11 +25,12 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .. import budget
+from .. import budget, sim
 from .calculator import COLORS as BUDGET_COLORS
 from .calculator import budget_parts, startup_error
 
-__all__ = ["Control", "Explorable", "KINDS", "budget_explorer", "budget_figures", "module_script"]
+__all__ = ["Control", "Explorable", "KINDS", "budget_explorer", "budget_figures", "module_script",
+           "tail_explorer", "tail_figures"]
 
 _counter = itertools.count(1)
 
@@ -65,8 +66,9 @@ class Control:
     range: tuple[float, float, float] | None = None
 
     def html(self, dom_id: str) -> str:
-        kind = ("float" if self.range is not None or isinstance(self.value, float)
-                else "str" if isinstance(self.value, str) else "int")
+        numbers = [self.value, *(self.range or ())]
+        kind = ("str" if isinstance(self.value, str)
+                else "float" if any(isinstance(x, float) for x in numbers) else "int")
         cid = f"{dom_id}-{self.name}"
         attrs = f"id='{cid}' data-input='{self.name}' data-type='{kind}'"
         if self.options is not None:
@@ -116,6 +118,12 @@ STYLE = """<style>
 .pkv-explorable table.pkv-table td+td{text-align:right;font-weight:bold;white-space:nowrap}
 .pkv-explorable .pkv-log{font-family:monospace;font-size:12px;margin-top:4px}
 .pkv-explorable .pkv-note{font-size:12px;opacity:.8}
+.pkv-explorable .pkv-slots{display:flex;flex-wrap:wrap;gap:2px;margin:4px 0}
+.pkv-explorable .pkv-slots span{flex:0 0 auto;width:14px;height:14px;box-sizing:border-box}
+.pkv-explorable .pkv-slots:has(span[style]) span{flex-basis:0;min-width:1px}
+.pkv-explorable .pkv-w{background:#2c7fb8;border:1px solid #2c7fb8}
+.pkv-explorable .pkv-u{border:1px dashed rgba(128,128,128,.9);
+ background:repeating-linear-gradient(45deg,transparent 0 3px,rgba(128,128,128,.55) 3px 4px)}
 </style>"""
 
 
@@ -244,7 +252,7 @@ def budget_explorer(gpu: str = "H100 SXM 80GB", model: str = budget.REFERENCE_MO
         Control("dtype", "KV dtype", dtype, options=["bf16", "fp16", "fp8", "fp32"]),
         Control("tensor_parallel_size", "tensor_parallel_size", tensor_parallel_size, options=[1, 2, 4, 8]),
         Control("gpu_memory_utilization", "gpu_memory_utilization", gpu_memory_utilization,
-                range=(0.5, 1, 0.01)),
+                range=(0.5, 1.0, 0.01)),
         Control("max_model_len", "max_model_len", max_model_len, options=BUDGET_MAX_MODEL_LENS),
         Control("block_size", "block_size", block_size, options=[1, 8, 16, 32, 64, 128]),
     ]
@@ -252,6 +260,62 @@ def budget_explorer(gpu: str = "H100 SXM 80GB", model: str = budget.REFERENCE_MO
                       budget_config(non_kv_gib, request_len, weights))
 
 
+# ---------------------------------------------------------------- chapter 2: tail waste
+
+
+def tail_inputs(values: dict, config: dict) -> dict:
+    return {**config["fixed"], **values}
+
+
+def tail_figures(inputs: dict) -> dict:
+    """The library's figures for one request's last block: its unused tail, in slots and bytes."""
+    L, B, model, dtype = inputs["length"], inputs["block_size"], inputs["model"], inputs["dtype"]
+    per_token = budget.kv_bytes_per_token(model, dtype)
+    blocks = budget.blocks_per_request(L, B)
+    tail = int(sim.unused_tail_slots(L, B))
+    slots = budget.token_slots(blocks, B)
+    return {"written": B - tail, "tail": tail, "block_size": B, "rows": [
+        [f"blocks of {B}", f"{blocks:,}"],
+        ["slots held", f"{slots:,}"],
+        ["unused slots in the last block", f"{tail:,}"],
+        ["share of the slots held", f"{100 * tail / slots:.2f} %"],
+        [f"unused KV ({model}, {dtype})", f"{tail * per_token / budget.MiB:,.2f} MiB"],
+        ["worst case, B - 1 slots", f"{(B - 1) * per_token / budget.MiB:,.2f} MiB"],
+        ["mean if lengths mod B are uniform", f"{sim.uniform_tail_waste(B):.1f} slots"],
+    ]}
+
+
+def render_tail(f: dict, config: dict | None = None) -> str:
+    """The tail explorable's output, exactly as the module's ``render`` draws it."""
+    if f["block_size"] <= 64:
+        cells = "".join(f"<span class='{'pkv-w' if i < f['written'] else 'pkv-u'}'></span>"
+                        for i in range(f["block_size"]))
+    else:
+        cells = (f"<span class='pkv-w' style='flex-grow:{f['written']}'></span>"
+                 f"<span class='pkv-u' style='flex-grow:{f['tail']}'></span>")
+    return (f"<div class='pkv-caption'>the last block: {f['written']} written, {f['tail']} unused</div>"
+            f"<div class='pkv-slots'>{cells}</div><table class='pkv-table'>"
+            + "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in f["rows"]) + "</table>")
+
+
+def tail_config(model: str = budget.REFERENCE_MODEL, dtype: str = "bf16") -> dict:
+    return {"models": {name: dataclasses.asdict(m) for name, m in budget.MODELS.items()},
+            "dtype_bytes": dict(budget.DTYPE_BYTES), "fixed": {"model": model, "dtype": dtype}}
+
+
+def tail_explorer(length: int = 612, block_size: int = 16, model: str = budget.REFERENCE_MODEL,
+                  dtype: str = "bf16", max_length: int = 2048) -> Explorable:
+    """Chapter 2's tail waste: a request's length and the block size -> its last block's
+    unused slots, their share and their bytes, against the worst case and the mean."""
+    controls = [
+        Control("length", "request length", length, range=(1, max_length, 1)),
+        Control("block_size", "block_size", block_size, options=[1, 2, 4, 8, 16, 32, 64, 128, 256]),
+    ]
+    return Explorable("tail", "Tail waste: move the length and the block size", controls,
+                      tail_config(model, dtype))
+
+
 KINDS: dict[str, Kind] = {
     "budget": Kind(budget_inputs, budget_figures, render_budget),
+    "tail": Kind(tail_inputs, tail_figures, render_tail),
 }
