@@ -1,6 +1,6 @@
 """Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
 
-    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...]
+    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...]
 
 Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
 headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
@@ -45,7 +45,16 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   the mark is drawn onto a canvas in the element's own font stack and must
   produce saturated pixels.
 
-``run()`` returns one ``PageResult`` per page; ``main()`` prints each failure as
+* **explorable**: an explorable (``.pagedkv-explorable``) whose script did not
+  run, or whose output, after its controls are moved to seeded settings (input
+  events, then an arrow key on its slider), does not read as the library's
+  figures for those settings (``pagedkv.views.explorables.KINDS``);
+* in the **phone** modes (390x844): a page laid out wider than the phone or
+  scrolling sideways; code and tables may scroll inside their own box there;
+* in the **dark** modes (the theme's dark mode, via ``prefers-color-scheme``):
+  a light box in the column, or text in a view with contrast under 3:1.
+
+``run()`` returns one ``PageResult`` per page and mode; ``main()`` prints each failure as
 ``page: kind: detail`` and exits 1 if any. For the book it also insists that
 the checks that look for something found it (pool views, block tables, a
 replay, figures, checker marks), so a renamed class cannot turn a check off.
@@ -68,12 +77,32 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
 
 WINDOW = (1280, 900)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a reader sees the site: the window, a phone or not, the theme's dark mode or not."""
+
+    name: str
+    width: int
+    height: int
+    mobile: bool = False
+    dark: bool = False
+
+    def metrics(self, height: int | None = None) -> dict:
+        return {"width": self.width, "height": height or self.height, "deviceScaleFactor": 1,
+                "mobile": self.mobile}
+
+
+MODES = {m.name: m for m in (Mode("desktop", *WINDOW), Mode("phone", 390, 844, mobile=True),
+                             Mode("dark", *WINDOW, dark=True), Mode("phone-dark", 390, 844, mobile=True, dark=True))}
 
 
 # ---------------------------------------------------------------- the server
@@ -291,6 +320,8 @@ _PAGE_JS = r"""
     if (inside(el)) continue;
     const ox = getComputedStyle(el).overflowX;
     if (ox === 'visible') continue;
+    // On a phone, code and wide tables may scroll inside their box; only a box that clips may not.
+    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) continue;
     if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
       reported.push(el);
       problems.push(['too wide', `${where(el)}: ${name(el)} scrolls (content ${el.scrollWidth} px in a ` +
@@ -310,6 +341,45 @@ _PAGE_JS = r"""
     }
   }
   counts.boxes = reported.length;
+
+  // A phone: nothing may make the whole page scroll sideways.
+  const doc = document.documentElement;
+  if (window.__pkvPhone && window.innerWidth > screen.width + 1)
+    problems.push(['too wide', `page: laid out ${window.innerWidth} px wide for a ${screen.width}-px phone, so the browser shrinks it`]);
+  if (doc.scrollWidth > window.innerWidth + 1)
+    problems.push(['too wide', `page: the page scrolls sideways (${doc.scrollWidth} px in a ${window.innerWidth}-px window)`]);
+
+  // Dark mode: no light box in the column, and text that stands out from what is behind it.
+  counts.dark = doc.dataset.theme === 'dark' ? 1 : 0;
+  if (counts.dark) {
+    const rgba = c => { const m = c.match(/[\d.]+/g) || []; return m.length >= 3 ? [+m[0], +m[1], +m[2], m.length > 3 ? +m[3] : 1] : [0, 0, 0, 0]; };
+    const lum = ([r, g, b]) => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                                 return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+    const background = el => { for (let e = el; e; e = e.parentElement) { const c = rgba(getComputedStyle(e).backgroundColor);
+                                  if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+    const light = [];
+    for (const el of col.querySelectorAll('*')) {
+      if (light.some(l => l.contains(el)) || el.closest('svg') && el.tagName.toLowerCase() !== 'svg') continue;
+      const c = rgba(getComputedStyle(el).backgroundColor), r = el.getBoundingClientRect();
+      if (c[3] > 0.5 && lum(c) > 0.6 && r.width * r.height > 4000 && r.height > 24) {
+        light.push(el);
+        problems.push(['dark', `${where(el)}: ${name(el)} is a light box (${Math.round(r.width)} x ${Math.round(r.height)} px, ${getComputedStyle(el).backgroundColor}) in dark mode: "${snippet(el)}"`]);
+      }
+    }
+    let faint = 0;
+    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable')) {
+      for (const t of el.querySelectorAll('*')) {
+        if (faint >= 3 || !Array.from(t.childNodes).some(n => n.nodeType === 3 && n.data.trim()) || !shown(t)) continue;
+        if (t.closest('svg')) continue;  // SVG text is drawn on its own cells
+        const fg = lum(rgba(getComputedStyle(t).color)), bg = lum(background(t));
+        const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+        if (ratio < 3) {
+          faint++;
+          problems.push(['dark', `${where(t)}: text "${snippet(t)}" has contrast ${ratio.toFixed(1)}:1 with what is behind it in dark mode`]);
+        }
+      }
+    }
+  }
 
   // Images that did not load.
   for (const img of imgs) {
@@ -523,6 +593,7 @@ class PageResult:
     counts: dict = field(default_factory=dict)
     screenshot: str | None = None
     seconds: float = 0.0
+    mode: str = "desktop"
 
     @property
     def ok(self) -> bool:
@@ -582,7 +653,7 @@ def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
 
 
 def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
-               explorable_cases: int = 8) -> PageResult:
+               explorable_cases: int = 8, mode: Mode = MODES["desktop"]) -> PageResult:
     t0 = time.monotonic()
     result = PageResult(page)
     browser.events.clear()
@@ -603,6 +674,7 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
         result.seconds = time.monotonic() - t0
         return result
     try:
+        browser.evaluate(f"window.__pkvPhone = {'true' if mode.mobile else 'false'}")
         found = browser.evaluate(_PAGE_JS, timeout=60)
     except CDPError as exc:
         found = {"problems": [["script error", f"the checks could not run: {exc}"]], "counts": {}, "replays": 0}
@@ -628,13 +700,11 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
         # the viewport shifted this theme's columns out of the picture.
         browser.evaluate("window.scrollTo(0, 0)")
         clip = _full_page_clip(browser)
-        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": clip["height"],
-                                                            "deviceScaleFactor": 1, "mobile": False})
+        browser.send("Emulation.setDeviceMetricsOverride", mode.metrics(clip["height"]))
         try:
             shot = browser.send("Page.captureScreenshot", {"format": "png"}, timeout=60)
         finally:
-            browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
-                                                                "deviceScaleFactor": 1, "mobile": False})
+            browser.send("Emulation.setDeviceMetricsOverride", mode.metrics())
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         result.screenshot = str(screenshot)
@@ -654,11 +724,16 @@ def pages_of(root: Path) -> list[str]:
 
 
 def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
-        binary: str | None = None, log=print, env: dict | None = None) -> list[PageResult]:
-    """Check every page under ``html_dir`` (or those whose path contains one of ``only``).
+        binary: str | None = None, log=print, env: dict | None = None,
+        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8) -> list[PageResult]:
+    """Check every page under ``html_dir`` (or those whose path contains one of ``only``),
+    once in each of ``modes`` (names in ``MODES``).
 
     ``env`` adds to the browser's environment (the tests give it a bare
-    fontconfig). Screenshots go to ``screenshots`` when given.
+    fontconfig). Screenshots go to ``screenshots`` when given (the first
+    mode's at its top, the others' in a folder named after the mode). Each
+    explorable is moved to ``explorable_cases`` settings in the first mode
+    and to one in the others.
     """
     root = Path(html_dir)
     pages = pages_of(root)
@@ -672,15 +747,22 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
     try:
         for domain in ("Page", "Runtime", "Network", "Log"):
             browser.send(f"{domain}.enable")
-        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
-                                                            "deviceScaleFactor": 1, "mobile": False})
-        for page in pages:
-            shot = Path(screenshots) / (page[:-5].replace("/", "__") + ".png") if screenshots else None
-            res = check_page(browser, server.base + page, page, shot)
-            results.append(res)
-            if log:
-                log(f"{'ok  ' if res.ok else 'FAIL'} {page} ({res.seconds:.1f} s)"
-                    + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
+        for n, mode in enumerate(MODES[name] for name in modes):
+            browser.send("Emulation.setDeviceMetricsOverride", mode.metrics())
+            browser.send("Emulation.setEmulatedMedia", {"features": [
+                {"name": "prefers-color-scheme", "value": "dark" if mode.dark else "light"}]})
+            folder = Path(screenshots) / mode.name if screenshots and n else screenshots
+            for page in pages:
+                shot = Path(folder) / (page[:-5].replace("/", "__") + ".png") if folder else None
+                res = check_page(browser, server.base + page, page, shot,
+                                 explorable_cases if n == 0 else 1, mode)
+                res.mode = mode.name
+                if mode.dark and not res.counts.get("dark") and not res.counts.get("redirect"):
+                    res.problems.append(("dark", "the theme did not switch to dark mode"))
+                results.append(res)
+                if log:
+                    log(f"{'ok  ' if res.ok else 'FAIL'} {mode.name:10s} {page} ({res.seconds:.1f} s)"
+                        + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
     finally:
         browser.close()
         server.close()
@@ -696,27 +778,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("html_dir", nargs="?", default="_build/html")
     parser.add_argument("--screenshots", default="_build/screenshots")
     parser.add_argument("--only", nargs="*", help="check only pages whose path contains one of these")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
+                        help="how a reader sees the site (default: all)")
     parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    results = run(args.html_dir, args.screenshots, args.only)
+    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes)
     failed = [r for r in results if not r.ok]
-    totals = {k: sum(r.counts.get(k, 0) for r in results) for k in ("pool", "table", "replay", "figure",
-                                                                        "marks", "boxes", "explorable")}
+    first = [r for r in results if r.mode == args.modes[0]]
+    totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",
+                                                                   "marks", "boxes", "explorable")}
     missing = [] if args.no_expect or args.only else [
         f"{k} ({totals[k]} found, {n} expected)" for k, n in BOOK_EXPECTS.items() if totals[k] < n]
-    print(f"{len(results)} pages in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
+    for name in args.modes:
+        mode, done = MODES[name], [r for r in results if r.mode == name]
+        print(f"{name}: {len(done)} pages at {mode.width} x {mode.height}{' (dark)' if mode.dark else ''} "
+              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing")
+    print(f"{len(results)} page views in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
           f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
           f"{totals['figure']} figures, "
           f"{totals['marks']} checker marks; {totals['boxes']} boxes too wide on "
-          f"{sum(1 for r in results if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
+          f"{sum(1 for r in first if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
     if missing:
         print("the checks found too few of: " + ", ".join(missing), file=sys.stderr)
     if failed:
-        print(f"{len(failed)} of {len(results)} pages fail:", file=sys.stderr)
+        print(f"{len(failed)} of {len(results)} page views fail:", file=sys.stderr)
         for r in failed:
             for kind, detail in r.problems:
-                print(f"  {r.page}: {kind}: {detail}", file=sys.stderr)
+                print(f"  {r.mode} {r.page}: {kind}: {detail}", file=sys.stderr)
     return 1 if failed or missing else 0
 
 
