@@ -346,7 +346,7 @@ _PAGE_JS = r"""
   const doc = document.documentElement;
   if (window.__pkvPhone && window.innerWidth > screen.width + 1)
     problems.push(['too wide', `page: laid out ${window.innerWidth} px wide for a ${screen.width}-px phone, so the browser shrinks it`]);
-  if (doc.scrollWidth > window.innerWidth + 1)
+  if (window.__pkvPhone && doc.scrollWidth > window.innerWidth + 1)
     problems.push(['too wide', `page: the page scrolls sideways (${doc.scrollWidth} px in a ${window.innerWidth}-px window)`]);
 
   // Dark mode: no light box in the column, and text that stands out from what is behind it.
