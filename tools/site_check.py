@@ -1,6 +1,6 @@
 """Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
 
-    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...]
+    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...]
 
 Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
 headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
@@ -45,7 +45,16 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   the mark is drawn onto a canvas in the element's own font stack and must
   produce saturated pixels.
 
-``run()`` returns one ``PageResult`` per page; ``main()`` prints each failure as
+* **explorable**: an explorable (``.pagedkv-explorable``) whose script did not
+  run, or whose output, after its controls are moved to seeded settings (input
+  events, then an arrow key on its slider), does not read as the library's
+  figures for those settings (``pagedkv.views.explorables.KINDS``);
+* in the **phone** modes (390x844): a page laid out wider than the phone or
+  scrolling sideways; code and tables may scroll inside their own box there;
+* in the **dark** modes (the theme's dark mode, via ``prefers-color-scheme``):
+  a light box in the column, or text in a view with contrast under 3:1.
+
+``run()`` returns one ``PageResult`` per page and mode; ``main()`` prints each failure as
 ``page: kind: detail`` and exits 1 if any. For the book it also insists that
 the checks that look for something found it (pool views, block tables, a
 replay, figures, checker marks), so a renamed class cannot turn a check off.
@@ -56,9 +65,11 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import html.parser
 import http.server
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -66,11 +77,32 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
 
 WINDOW = (1280, 900)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a reader sees the site: the window, a phone or not, the theme's dark mode or not."""
+
+    name: str
+    width: int
+    height: int
+    mobile: bool = False
+    dark: bool = False
+
+    def metrics(self, height: int | None = None) -> dict:
+        return {"width": self.width, "height": height or self.height, "deviceScaleFactor": 1,
+                "mobile": self.mobile}
+
+
+MODES = {m.name: m for m in (Mode("desktop", *WINDOW), Mode("phone", 390, 844, mobile=True),
+                             Mode("dark", *WINDOW, dark=True), Mode("phone-dark", 390, 844, mobile=True, dark=True))}
 
 
 # ---------------------------------------------------------------- the server
@@ -247,7 +279,7 @@ class Browser:
 # Runs in the page after load. Returns {problems: [[kind, detail]], counts: {...}, replays: n}.
 _PAGE_JS = r"""
 (async () => {
-  const problems = [], counts = {pool: 0, table: 0, replay: 0, figure: 0, marks: 0, boxes: 0};
+  const problems = [], counts = {pool: 0, table: 0, replay: 0, figure: 0, marks: 0, boxes: 0, explorable: 0};
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   // Images below the fold may be lazy: load them all before measuring.
   const imgs = Array.from(document.images);
@@ -288,6 +320,8 @@ _PAGE_JS = r"""
     if (inside(el)) continue;
     const ox = getComputedStyle(el).overflowX;
     if (ox === 'visible') continue;
+    // On a phone, code and wide tables may scroll inside their box; only a box that clips may not.
+    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) continue;
     if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
       reported.push(el);
       problems.push(['too wide', `${where(el)}: ${name(el)} scrolls (content ${el.scrollWidth} px in a ` +
@@ -307,6 +341,45 @@ _PAGE_JS = r"""
     }
   }
   counts.boxes = reported.length;
+
+  // A phone: nothing may make the whole page scroll sideways.
+  const doc = document.documentElement;
+  if (window.__pkvPhone && window.innerWidth > screen.width + 1)
+    problems.push(['too wide', `page: laid out ${window.innerWidth} px wide for a ${screen.width}-px phone, so the browser shrinks it`]);
+  if (window.__pkvPhone && doc.scrollWidth > window.innerWidth + 1)
+    problems.push(['too wide', `page: the page scrolls sideways (${doc.scrollWidth} px in a ${window.innerWidth}-px window)`]);
+
+  // Dark mode: no light box in the column, and text that stands out from what is behind it.
+  counts.dark = doc.dataset.theme === 'dark' ? 1 : 0;
+  if (counts.dark) {
+    const rgba = c => { const m = c.match(/[\d.]+/g) || []; return m.length >= 3 ? [+m[0], +m[1], +m[2], m.length > 3 ? +m[3] : 1] : [0, 0, 0, 0]; };
+    const lum = ([r, g, b]) => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                                 return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+    const background = el => { for (let e = el; e; e = e.parentElement) { const c = rgba(getComputedStyle(e).backgroundColor);
+                                  if (c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+    const light = [];
+    for (const el of col.querySelectorAll('*')) {
+      if (light.some(l => l.contains(el)) || el.closest('svg') && el.tagName.toLowerCase() !== 'svg') continue;
+      const c = rgba(getComputedStyle(el).backgroundColor), r = el.getBoundingClientRect();
+      if (c[3] > 0.5 && lum(c) > 0.6 && r.width * r.height > 4000 && r.height > 24) {
+        light.push(el);
+        problems.push(['dark', `${where(el)}: ${name(el)} is a light box (${Math.round(r.width)} x ${Math.round(r.height)} px, ${getComputedStyle(el).backgroundColor}) in dark mode: "${snippet(el)}"`]);
+      }
+    }
+    let faint = 0;
+    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable')) {
+      for (const t of el.querySelectorAll('*')) {
+        if (faint >= 3 || !Array.from(t.childNodes).some(n => n.nodeType === 3 && n.data.trim()) || !shown(t)) continue;
+        if (t.closest('svg')) continue;  // SVG text is drawn on its own cells
+        const fg = lum(rgba(getComputedStyle(t).color)), bg = lum(background(t));
+        const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+        if (ratio < 3) {
+          faint++;
+          problems.push(['dark', `${where(t)}: text "${snippet(t)}" has contrast ${ratio.toFixed(1)}:1 with what is behind it in dark mode`]);
+        }
+      }
+    }
+  }
 
   // Images that did not load.
   for (const img of imgs) {
@@ -345,6 +418,18 @@ _PAGE_JS = r"""
   }
   window.__pkvReplays = replays;
 
+  // Explorables: the script ran (controls shown) and the output is drawn.
+  const explorables = Array.from(col.querySelectorAll('.pagedkv-explorable'));
+  for (const el of explorables) {
+    counts.explorable++;
+    const controls = el.querySelector('.pkv-controls'), out = el.querySelector('.pkv-out');
+    if (!el.dataset.mounted || !controls || !shown(controls))
+      problems.push(['explorable', `${where(el)}: the ${el.dataset.kind} explorable's script did not run`]);
+    if (!out || area(out) < 100)
+      problems.push(['empty', `${where(el)}: the ${el.dataset.kind} explorable shows no output`]);
+  }
+  window.__pkvExplorables = explorables;
+
   // Checker marks: non-zero width, and drawn in colour in the element's own fonts.
   const marks = {};
   const walker = document.createTreeWalker(col, NodeFilter.SHOW_TEXT);
@@ -373,7 +458,7 @@ _PAGE_JS = r"""
         problems.push(['marks', `${where(n.parentElement)}: ${ch} renders ${w > 0 ? 'without colour (a blank box or missing glyph)' : 'with zero width'} in ${cs.fontFamily}`]);
     }
   }
-  return {problems, counts, replays: replays.length};
+  return {problems, counts, replays: replays.length, explorables: explorables.length};
 })()
 """
 
@@ -395,6 +480,112 @@ _REPLAY_STATE_JS = r"""
 """
 
 
+# Set explorable k's controls to ``values`` (null: leave them), one input event
+# each as a reader's move fires, then read back the controls and the output.
+_EXPLORABLE_JS = r"""
+((k, values) => {
+  const el = window.__pkvExplorables[k];
+  const controls = Array.from(el.querySelectorAll('[data-input]'));
+  for (const c of controls) {
+    if (!values || !(c.dataset.input in values)) continue;
+    c.value = values[c.dataset.input];
+    c.dispatchEvent(new Event('input', {bubbles: true}));
+  }
+  return {kind: el.dataset.kind, config: el.dataset.config,
+          slider: controls.some(c => c.type === 'range'),
+          controls: controls.map(c => ({name: c.dataset.input, type: c.dataset.type, value: c.value,
+            options: c.tagName === 'SELECT' ? Array.from(c.options).map(o => o.value) : null,
+            range: c.type === 'range' ? [c.min, c.max, c.step] : null})),
+          text: el.querySelector('.pkv-out').textContent};
+})(%d, %s)
+"""
+
+
+class _Text(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def text_of(markup: str) -> str:
+    """What ``textContent`` reads of ``markup``: its text, entities decoded."""
+    parser = _Text()
+    parser.feed(markup)
+    parser.close()
+    return "".join(parser.parts)
+
+
+def _control_value(control: dict):
+    """A control's value as the module receives it: text, an int, or (a range) a float."""
+    value, kind = control["value"], control["type"]
+    return int(value) if kind == "int" else float(value) if kind == "float" else value
+
+
+def _random_values(controls: list[dict], rng: random.Random) -> dict:
+    """A setting of every control: one of its options, or one step of its range."""
+    values = {}
+    for c in controls:
+        if c["options"]:
+            values[c["name"]] = rng.choice(c["options"])
+        elif c["range"]:
+            lo, hi, step = (Decimal(x) for x in c["range"])
+            values[c["name"]] = format((lo + step * rng.randint(0, int((hi - lo) / step))).normalize(), "f")
+    return values
+
+
+def library_text(state: dict) -> str:
+    """The output text the library gives for an explorable's controls, as the page reports them."""
+    from pagedkv.views.explorables import KINDS
+
+    kind, config = KINDS[state["kind"]], json.loads(state["config"])
+    values = {c["name"]: _control_value(c) for c in state["controls"]}
+    return text_of(kind.render(kind.figures(kind.inputs(values, config)), config))
+
+
+def _first_difference(got: str, want: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f"shows '...{got[max(0, at - 30):at + 50]}' where the library gives '...{want[max(0, at - 30):at + 50]}'"
+
+
+def check_explorable(browser: "Browser", k: int, cases: int, seed: str) -> list[tuple[str, str]]:
+    """Move explorable ``k``'s controls to ``cases`` seeded settings, then one step of its
+    slider with the keyboard; after each move its output must read as the library's."""
+    problems = []
+    state = browser.evaluate(_EXPLORABLE_JS % (k, "null"))
+    rng = random.Random(seed)
+    moves = [_random_values(state["controls"], rng) for _ in range(cases)]
+    for values in [*moves, "keyboard"]:
+        if values == "keyboard":
+            if not state["slider"]:
+                continue
+            before = {c["name"]: c["value"] for c in state["controls"]}
+            browser.evaluate(f"window.__pkvExplorables[{k}].querySelector('input[type=range]').focus()")
+            for kind in ("keyDown", "keyUp"):
+                browser.send("Input.dispatchKeyEvent", {"type": kind, "key": "ArrowLeft", "code": "ArrowLeft",
+                                                        "windowsVirtualKeyCode": 37})
+            state = browser.evaluate(_EXPLORABLE_JS % (k, "null"))
+            moved = {c["name"]: c["value"] for c in state["controls"]} != before
+            if not moved:
+                problems.append(("explorable", f"{state['kind']} {k + 1}: its slider did not move "
+                                               "with the arrow key"))
+        else:
+            state = browser.evaluate(_EXPLORABLE_JS % (k, json.dumps(values)))
+            shown = {c["name"]: c["value"] for c in state["controls"] if c["name"] in values}
+            if shown != {n: str(v) for n, v in values.items()}:
+                problems.append(("explorable", f"{state['kind']} {k + 1}: controls set to {values} "
+                                               f"read {shown}"))
+                continue
+        want = library_text(state)
+        if state["text"] != want:
+            setting = {c["name"]: c["value"] for c in state["controls"]}
+            problems.append(("explorable", f"{state['kind']} {k + 1} at {setting}: "
+                                           + _first_difference(state["text"], want)))
+    return problems
+
+
 @dataclass
 class PageResult:
     page: str
@@ -402,6 +593,7 @@ class PageResult:
     counts: dict = field(default_factory=dict)
     screenshot: str | None = None
     seconds: float = 0.0
+    mode: str = "desktop"
 
     @property
     def ok(self) -> bool:
@@ -460,7 +652,8 @@ def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
     return unique
 
 
-def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -> PageResult:
+def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
+               explorable_cases: int = 8, mode: Mode = MODES["desktop"]) -> PageResult:
     t0 = time.monotonic()
     result = PageResult(page)
     browser.events.clear()
@@ -481,6 +674,7 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -
         result.seconds = time.monotonic() - t0
         return result
     try:
+        browser.evaluate(f"window.__pkvPhone = {'true' if mode.mobile else 'false'}")
         found = browser.evaluate(_PAGE_JS, timeout=60)
     except CDPError as exc:
         found = {"problems": [["script error", f"the checks could not run: {exc}"]], "counts": {}, "replays": 0}
@@ -497,6 +691,8 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -
             result.problems.append(("replay", f"replay {k + 1} did not advance when next was clicked "
                                               f"(frames shown {before['shown']} -> {after['shown']}, "
                                               f"step '{before['step']}' -> '{after['step']}')"))
+    for k in range(found.get("explorables", 0)):
+        result.problems.extend(check_explorable(browser, k, explorable_cases, f"{page}:{k}"))
     browser.drain()
     result.problems[:0] = _event_problems(browser.events)
     if screenshot is not None:
@@ -504,13 +700,11 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None) -
         # the viewport shifted this theme's columns out of the picture.
         browser.evaluate("window.scrollTo(0, 0)")
         clip = _full_page_clip(browser)
-        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": clip["height"],
-                                                            "deviceScaleFactor": 1, "mobile": False})
+        browser.send("Emulation.setDeviceMetricsOverride", mode.metrics(clip["height"]))
         try:
             shot = browser.send("Page.captureScreenshot", {"format": "png"}, timeout=60)
         finally:
-            browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
-                                                                "deviceScaleFactor": 1, "mobile": False})
+            browser.send("Emulation.setDeviceMetricsOverride", mode.metrics())
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         result.screenshot = str(screenshot)
@@ -530,11 +724,16 @@ def pages_of(root: Path) -> list[str]:
 
 
 def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
-        binary: str | None = None, log=print, env: dict | None = None) -> list[PageResult]:
-    """Check every page under ``html_dir`` (or those whose path contains one of ``only``).
+        binary: str | None = None, log=print, env: dict | None = None,
+        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8) -> list[PageResult]:
+    """Check every page under ``html_dir`` (or those whose path contains one of ``only``),
+    once in each of ``modes`` (names in ``MODES``).
 
     ``env`` adds to the browser's environment (the tests give it a bare
-    fontconfig). Screenshots go to ``screenshots`` when given.
+    fontconfig). Screenshots go to ``screenshots`` when given (the first
+    mode's at its top, the others' in a folder named after the mode). Each
+    explorable is moved to ``explorable_cases`` settings in the first mode
+    and to one in the others.
     """
     root = Path(html_dir)
     pages = pages_of(root)
@@ -548,15 +747,22 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
     try:
         for domain in ("Page", "Runtime", "Network", "Log"):
             browser.send(f"{domain}.enable")
-        browser.send("Emulation.setDeviceMetricsOverride", {"width": WINDOW[0], "height": WINDOW[1],
-                                                            "deviceScaleFactor": 1, "mobile": False})
-        for page in pages:
-            shot = Path(screenshots) / (page[:-5].replace("/", "__") + ".png") if screenshots else None
-            res = check_page(browser, server.base + page, page, shot)
-            results.append(res)
-            if log:
-                log(f"{'ok  ' if res.ok else 'FAIL'} {page} ({res.seconds:.1f} s)"
-                    + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
+        for n, mode in enumerate(MODES[name] for name in modes):
+            browser.send("Emulation.setDeviceMetricsOverride", mode.metrics())
+            browser.send("Emulation.setEmulatedMedia", {"features": [
+                {"name": "prefers-color-scheme", "value": "dark" if mode.dark else "light"}]})
+            folder = Path(screenshots) / mode.name if screenshots and n else screenshots
+            for page in pages:
+                shot = Path(folder) / (page[:-5].replace("/", "__") + ".png") if folder else None
+                res = check_page(browser, server.base + page, page, shot,
+                                 explorable_cases if n == 0 else 1, mode)
+                res.mode = mode.name
+                if mode.dark and not res.counts.get("dark") and not res.counts.get("redirect"):
+                    res.problems.append(("dark", "the theme did not switch to dark mode"))
+                results.append(res)
+                if log:
+                    log(f"{'ok  ' if res.ok else 'FAIL'} {mode.name:10s} {page} ({res.seconds:.1f} s)"
+                        + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
     finally:
         browser.close()
         server.close()
@@ -564,7 +770,7 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
 
 
 # What the book's pages must contain somewhere, so that no check silently finds nothing.
-BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2}
+BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,26 +778,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("html_dir", nargs="?", default="_build/html")
     parser.add_argument("--screenshots", default="_build/screenshots")
     parser.add_argument("--only", nargs="*", help="check only pages whose path contains one of these")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
+                        help="how a reader sees the site (default: all)")
     parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    results = run(args.html_dir, args.screenshots, args.only)
+    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes)
     failed = [r for r in results if not r.ok]
-    totals = {k: sum(r.counts.get(k, 0) for r in results) for k in ("pool", "table", "replay", "figure",
-                                                                        "marks", "boxes")}
+    first = [r for r in results if r.mode == args.modes[0]]
+    totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",
+                                                                   "marks", "boxes", "explorable")}
     missing = [] if args.no_expect or args.only else [
         f"{k} ({totals[k]} found, {n} expected)" for k, n in BOOK_EXPECTS.items() if totals[k] < n]
-    print(f"{len(results)} pages in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
-          f"{totals['table']} block tables, {totals['replay']} replays, {totals['figure']} figures, "
+    for name in args.modes:
+        mode, done = MODES[name], [r for r in results if r.mode == name]
+        print(f"{name}: {len(done)} pages at {mode.width} x {mode.height}{' (dark)' if mode.dark else ''} "
+              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing")
+    print(f"{len(results)} page views in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
+          f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
+          f"{totals['figure']} figures, "
           f"{totals['marks']} checker marks; {totals['boxes']} boxes too wide on "
-          f"{sum(1 for r in results if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
+          f"{sum(1 for r in first if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
     if missing:
         print("the checks found too few of: " + ", ".join(missing), file=sys.stderr)
     if failed:
-        print(f"{len(failed)} of {len(results)} pages fail:", file=sys.stderr)
+        print(f"{len(failed)} of {len(results)} page views fail:", file=sys.stderr)
         for r in failed:
             for kind, detail in r.problems:
-                print(f"  {r.page}: {kind}: {detail}", file=sys.stderr)
+                print(f"  {r.mode} {r.page}: {kind}: {detail}", file=sys.stderr)
     return 1 if failed or missing else 0
 
 

@@ -273,3 +273,23 @@ def test_block_table_is_plain_html_and_fits_the_column_in_bands():
     assert page.count("\u2026 +8") == 3  # the cut-off count, in the last band only
     empty = views.render_block_table({})
     assert "no requests hold blocks" in empty and "<td" in empty
+
+
+@needs_chromium
+def test_explorables_are_moved_and_must_read_as_the_library(tmp_path):
+    """A faithful budget calculator passes; one whose module floors nothing, or whose script never
+    runs, fails with the setting and the first difference."""
+    from pagedkv.views import budget_explorer
+
+    good = budget_explorer(weight_gib=14.96).html()
+    off_by_one = good.replace("var blocks = X.floorDiv(pool, perBlock);", "var blocks = Math.ceil(pool / perBlock);")
+    assert off_by_one != good
+    dead = good.replace("pkvExplore.mount(", "void(")
+    site = write_site(tmp_path / "site", {"good.html": good, "off.html": off_by_one, "dead.html": dead})
+    results = {r.page: r for r in run(site, None, log=None)}
+    assert results["good.html"].ok, results["good.html"].problems
+    assert results["good.html"].counts["explorable"] == 1
+    off = by_kind(results["off.html"])
+    assert set(off) == {"explorable"}
+    assert all(d.startswith("budget 1 at {'gpu': ") and "where the library gives" in d for d in off["explorable"])
+    assert by_kind(results["dead.html"])["explorable"][0] == "page: the budget explorable's script did not run"

@@ -11,7 +11,9 @@ One concept per module:
 - ``trace`` / ``replay`` (+ ``replay.js``): ``TraceRecorder`` and its player;
   ``engine_trace``: the same recorder on an engine's steps;
 - ``figures``, ``calculator``: matplotlib figures and the budget calculator;
-- ``fragmentation``: chapter 2's plots and its ipywidgets explorer.
+- ``fragmentation``: chapter 2's plots and its ipywidgets explorer;
+- ``explorables`` (+ ``explore*.js``): figures recomputed in the page by a
+  small JavaScript module as the reader moves the controls, no kernel needed.
 
 The views sit on top of the core and only watch it: a ``BlockPoolView``
 subscribes to a ``BlockPool``'s events, an ``EngineTrace`` is an engine step
@@ -40,6 +42,7 @@ _EXPORTS = {
                      "pool_history_figure", "pool_snapshot"],
                     "figures"),
     **dict.fromkeys(["BudgetCalculator", "plot_budget", "plot_shared_card"], "calculator"),
+    **dict.fromkeys(["Explorable", "budget_explorer", "tail_explorer"], "explorables"),
     **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
                      "plot_composition", "composition_table", "plot_concurrency",
                      "plot_block_size_sweep", "composition_html", "FragmentationExplorer"], "fragmentation"),

@@ -1,0 +1,167 @@
+/* Chapter 1's memory-budget calculator, in the page.
+
+   compute(inputs, config) is pagedkv.budget.plan, views.calculator.startup_error
+   and budget.startup_log_lines redone in JavaScript, operation for operation,
+   on doubles as Python computes them; the agreement test holds it to the
+   library's figures (explorables.budget_figures) on hundreds of generated
+   inputs. config carries the library's tables (models, GPUs, dtype bytes), so
+   no spec is typed twice. Errors are vLLM's messages as budget.py words them.
+
+   inputs   gpu, model, dtype, tensor_parallel_size, gpu_memory_utilization,
+            non_kv_gib, max_model_len, block_size, request_len, weight_gib
+            (null: from the parameter count)
+   figures  verdict ('ok', 'refused': the startup check's message, 'invalid':
+            the pool is empty), message, rows (the plan's table), log (the two
+            INFO lines), parts (weights, non-KV, KV pool, headroom in GiB)
+*/
+pkvExplore.kinds.budget = (function (X) {
+  'use strict';
+  var KiB = 1024, GiB = 1024 * 1024 * 1024;
+
+  function Refusal(message) { this.message = message; }
+
+  function headsPerRank(m, tp) {
+    if (tp <= m.num_kv_heads) {
+      if (m.num_kv_heads % tp) {
+        throw new Refusal(m.num_kv_heads + ' KV heads of ' + m.name +
+                          ' do not split evenly across tensor_parallel_size=' + tp);
+      }
+      return m.num_kv_heads / tp;
+    }
+    if (tp % m.num_kv_heads) {
+      throw new Refusal('tensor_parallel_size=' + tp + " is not a multiple of " + m.name + "'s " +
+                        m.num_kv_heads + ' KV heads');
+    }
+    return 1;
+  }
+
+  function plan(inp, config) {
+    var m = config.models[inp.model], tp = inp.tensor_parallel_size;
+    var total = config.gpus[inp.gpu] * 1024 * 1024, bytes = config.dtype_bytes[inp.dtype];
+    var util = inp.gpu_memory_utilization;
+    var w = inp.weight_gib === null ? X.floorDiv(m.num_params * config.dtype_bytes.bf16, tp)
+                                    : inp.weight_gib * GiB / tp;
+    var nonKv = inp.non_kv_gib * GiB;
+    var pool = total * util - w - nonKv;
+    if (pool <= 0) {
+      throw new Refusal('no memory left for the KV cache: ' + X.fixed(total / GiB, 2) + ' GiB x ' +
+                        X.repr(util) + ' - ' + X.fixed(w / GiB, 2) + ' GiB weights - ' +
+                        X.fixed(nonKv / GiB, 2) + ' GiB non-KV = ' + X.fixed(pool / GiB, 2) + ' GiB');
+    }
+    var heads = headsPerRank(m, tp);
+    var perBlock = inp.block_size * 2 * heads * m.head_dim * bytes * m.num_layers;
+    var blocks = X.floorDiv(pool, perBlock);
+    var perToken = 2 * m.num_layers * heads * m.head_dim * bytes;
+    var perRequest = X.cdiv(inp.request_len, inp.block_size);
+    return {model: m, tp: tp, total: total, util: util, weights: w, nonKv: nonKv, pool: pool,
+            perBlock: perBlock, perToken: perToken, blocks: blocks, bs: inp.block_size,
+            maxLen: inp.max_model_len, requestLen: inp.request_len,
+            contiguous: X.floorDiv(pool, inp.max_model_len * perToken),
+            ceiling: X.floorDiv(blocks, perRequest)};
+  }
+
+  var NO_MEMORY = 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ' +
+    'when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, ' +
+    'despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.';
+
+  function startupError(p) {
+    var m = p.model;
+    if (p.maxLen > m.native_context) {
+      return 'User-specified max_model_len (' + p.maxLen + ') is greater than the derived ' +
+        'max_model_len (max_position_embeddings=' + m.native_context + ' or model_max_length=None ' +
+        "in model's config.json). To allow overriding this maximum, set the env var " +
+        'VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.';
+    }
+    var usable = p.pool - p.perBlock;  // the null block never holds a token
+    if (usable <= 0) return NO_MEMORY;
+    var needed = X.cdiv(p.maxLen, p.bs) * p.perBlock;
+    if (needed <= usable) return null;
+    var fits = Math.min(X.floorDiv(usable, p.perBlock) * p.bs, p.maxLen);
+    var estimate = fits > 0 ? 'Based on the available memory, the estimated maximum model length is ' +
+                              fits + '. ' : '';
+    return "To serve at least one request with the model's max seq len (" + p.maxLen + '), (' +
+      X.round2(needed / GiB) + ' GiB KV cache is needed, which is larger than the available KV cache ' +
+      'memory (' + X.round2(usable / GiB) + ' GiB). ' + estimate +
+      'Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) ' +
+      'or decreasing `max_model_len` when initializing the engine. ' +
+      'See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.';
+  }
+
+  function rows(p) {
+    var per = p.tp > 1 ? ' per GPU' : '';
+    var out = [['GPU memory', X.fixed(p.total / GiB, 2) + ' GiB']];
+    if (p.tp > 1) out.push(['tensor_parallel_size', String(p.tp)]);
+    return out.concat([
+      ['KV bytes per token' + per, X.fixed(p.perToken / KiB, 0, ',') + ' KiB'],
+      ['weights' + per, X.fixed(p.weights / GiB, 2) + ' GiB'],
+      ['non-KV allowance', X.fixed(p.nonKv / GiB, 2) + ' GiB'],
+      ['KV pool' + per, X.fixed(p.pool / GiB, 2) + ' GiB'],
+      ['blocks of ' + p.bs, X.int(p.blocks)],
+      ['token slots', X.int(p.blocks * p.bs)],
+      ['contiguous reservations of ' + X.int(p.maxLen), X.int(p.contiguous)],
+      ['paged ceiling at ' + X.int(p.requestLen) + ' tokens', X.int(p.ceiling)]]);
+  }
+
+  function logLines(p) {
+    var concurrency = p.blocks / X.cdiv(p.maxLen, p.bs);
+    return ['Available KV cache memory: ' + X.round2(p.pool / GiB) + ' GiB',
+            'GPU KV cache size: ' + X.int(Math.trunc(concurrency * p.maxLen)) + ' tokens, ' +
+            'Maximum concurrency for ' + X.int(p.maxLen) + ' tokens per request: ' +
+            X.fixed(concurrency, 2) + 'x'];
+  }
+
+  function compute(inp, config) {
+    var p;
+    try {
+      p = plan(inp, config);
+    } catch (e) {
+      if (!(e instanceof Refusal)) throw e;
+      return {verdict: 'invalid', message: e.message, rows: [], log: [], parts: []};
+    }
+    var error = startupError(p);
+    var fits = 'one request of max_model_len=' + X.int(p.maxLen) + ' fits.';
+    var parts = [['weights', p.weights], ['non-KV allowance', p.nonKv], ['KV pool', p.pool],
+                 ['headroom', p.total * (1 - p.util)]];
+    return {verdict: error ? 'refused' : 'ok', message: error || fits, rows: rows(p), log: logLines(p),
+            parts: parts.map(function (kv) { return [kv[0], X.fixed(kv[1] / GiB, 2)]; })};
+  }
+
+  // The controls' values, with what the page fixes: the non-KV allowance, the
+  // request length, and a logged weight figure for the model it belongs to.
+  function inputs(values, config) {
+    var v = Object.assign({}, config.fixed, values);
+    v.weight_gib = config.weights.hasOwnProperty(v.model) ? config.weights[v.model] : null;
+    return v;
+  }
+
+  var HEAD = {ok: '\u2714 startup check passes: ', refused: '\u2718 vLLM would refuse to start: ',
+              invalid: '\u2718 this configuration does not fit: '};
+
+  // The output, as explorables.render_budget draws it for the page without script.
+  function render(f, config) {
+    var out = "<div class='pkv-verdict pkv-" + f.verdict + "' data-verdict='" + f.verdict + "'><b>" +
+      HEAD[f.verdict] + "</b><span class='pkv-message'>" + X.esc(f.message) + '</span></div>';
+    if (f.parts.length) {
+      out += "<div class='pkv-bar'>" + f.parts.map(function (kv) {
+        return "<span style='flex-grow:" + kv[1] + ';background:' + config.colors[kv[0]] +
+          "' title='" + X.esc(kv[0] + ': ' + kv[1] + ' GiB') + "'></span>";
+      }).join('') + "</div><div class='pkv-legend'>" + f.parts.map(function (kv) {
+        return "<span><i style='background:" + config.colors[kv[0]] + "'></i>" + X.esc(kv[0]) + ': ' +
+          kv[1] + ' GiB</span>';
+      }).join(' ') + '</div>';
+    }
+    if (f.rows.length) {
+      out += "<table class='pkv-table'>" + f.rows.map(function (kv) {
+        return '<tr><td>' + X.esc(kv[0]) + '</td><td>' + X.esc(kv[1]) + '</td></tr>';
+      }).join('') + '</table>';
+    }
+    if (f.log.length) {
+      out += "<div class='pkv-log'>" + f.log.map(function (line) {
+        return '<div>INFO ' + X.esc(line) + '</div>';
+      }).join('') + '</div>';
+    }
+    return out;
+  }
+
+  return {compute: compute, inputs: inputs, render: render};
+})(pkvExplore);

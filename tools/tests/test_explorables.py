@@ -1,0 +1,221 @@
+"""The explorables' JavaScript and the library agree exactly, on generated inputs.
+
+node runs each module (the very script the page inlines, ``module_script``)
+in one long-lived process per module; hypothesis generates the inputs; the
+library (``explorables.KINDS[kind].figures``) computes the expected figures.
+Without node these tests skip, except under CI=true, where node must be there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedkv import budget
+from pagedkv.views import explorables
+
+NODE = shutil.which("node") or shutil.which("nodejs")
+if NODE is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("the explorables' agreement tests need node (apt-get install nodejs), "
+                           "and CI must run them")
+    pytest.skip("node is not installed (apt-get install nodejs): the explorables' JavaScript "
+                "is not compared with the library here", allow_module_level=True)
+
+# Reads one JSON call a line ({"fn": "compute", "args": [...]} on pkvExplore.kinds[kind],
+# or {"fn": "fixed", ...} on pkvExplore itself) and answers {"ok": value} or {"error": text}.
+RUNNER = r"""
+const readline = require('readline');
+const kind = pkvExplore.kinds[process.argv[1]];
+readline.createInterface({input: process.stdin}).on('line', line => {
+  const call = JSON.parse(line);
+  let answer;
+  try {
+    const target = call.fn in kind ? kind : pkvExplore;
+    answer = {ok: target[call.fn](...call.args)};
+  } catch (e) {
+    answer = {error: String(e && e.stack || e)};
+  }
+  process.stdout.write(JSON.stringify(answer) + '\n');
+});
+"""
+
+
+class Node:
+    def __init__(self, kind: str) -> None:
+        script = explorables.module_script(kind) + RUNNER
+        self.proc = subprocess.Popen([NODE, "-e", script, kind], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def __call__(self, fn: str, *args):
+        self.proc.stdin.write(json.dumps({"fn": fn, "args": args}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        if "error" in answer:
+            raise AssertionError(f"node: {fn}{args!r} threw {answer['error']}")
+        return answer["ok"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def budget_js():
+    node = Node("budget")
+    yield node
+    node.close()
+
+
+EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# ---------------------------------------------------------------- Python's formatting
+
+finite = st.floats(min_value=-1e15, max_value=1e15, allow_nan=False)
+ties = st.integers(-10**6, 10**6).map(lambda k: k / 8)  # x.125, x.375...: where toFixed rounds up
+
+
+@EXAMPLES
+@given(x=st.one_of(finite, ties), digits=st.integers(0, 4))
+def test_fixed_is_pythons_format_half_to_even(budget_js, x, digits):
+    assert budget_js("fixed", x, digits, False) == f"{x:.{digits}f}"
+    assert budget_js("fixed", x, digits, ",") == f"{x:,.{digits}f}"
+
+
+@EXAMPLES
+@given(x=st.one_of(st.floats(min_value=0, max_value=1e6, allow_nan=False), ties))
+def test_round2_and_repr_are_pythons(budget_js, x):
+    assert budget_js("round2", x) == f"{round(x, 2)}"
+    assert budget_js("repr", x) == repr(x)
+
+
+@EXAMPLES
+@given(a=st.one_of(st.floats(min_value=-1e18, max_value=1e18, allow_nan=False), st.integers(-2**52, 2**52)),
+       b=st.one_of(st.floats(min_value=1e-3, max_value=1e9), st.integers(1, 2**40)))
+def test_floor_div_is_pythons(budget_js, a, b):
+    expected = float(a) // float(b)
+    got = budget_js("floorDiv", a, b)
+    assert float(got) == expected, (a, b)  # JSON writes a large double as an integer
+
+
+# ---------------------------------------------------------------- chapter 1: the budget
+
+# Spread over the verdicts: about 40 % pass, 30 % are refused by a check (the model's
+# context, or one max_model_len request that does not fit), 30 % leave no pool.
+_budget_settings = st.fixed_dictionaries({
+    "gpu": st.sampled_from(list(budget.GPUS)),
+    "model": st.sampled_from(list(budget.MODELS)),
+    "dtype": st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
+    "tensor_parallel_size": st.sampled_from([1, 2, 4, 8, 1, 2, 4, 8, 3, 16]),
+    "gpu_memory_utilization": st.one_of(st.integers(50, 100).map(lambda k: k / 100),
+                                        st.floats(min_value=0.05, max_value=1.0)),
+    "non_kv_gib": st.one_of(st.integers(0, 24).map(lambda k: k / 2), st.floats(min_value=0, max_value=20)),
+    "block_size": st.one_of(st.sampled_from([1, 8, 16, 32, 64, 128]), st.integers(1, 256)),
+    "request_len": st.integers(1, 2**17),
+    "weight_gib": st.one_of(st.none(), st.none(), st.just(14.96), st.floats(min_value=0, max_value=100)),
+})
+
+
+@st.composite
+def budget_inputs(draw):
+    """A setting; max_model_len mostly within the model's context, so the memory check gets to speak."""
+    inputs = draw(_budget_settings)
+    context = budget.MODELS[inputs["model"]].native_context
+    inputs["max_model_len"] = draw(st.one_of(st.sampled_from(explorables.BUDGET_MAX_MODEL_LENS),
+                                             st.integers(1, 2**18), st.integers(context // 8, context),
+                                             st.integers(context // 8, context)))
+    if draw(st.integers(0, 2)) == 0:  # weights that leave a small pool (under 24 GiB per GPU)
+        per_gpu = (budget.GPUS[inputs["gpu"]].total_bytes * inputs["gpu_memory_utilization"] / budget.GiB
+                   - inputs["non_kv_gib"] - draw(st.floats(min_value=0.001, max_value=24)))
+        inputs["weight_gib"] = max(0.0, per_gpu * inputs["tensor_parallel_size"])
+    return inputs
+
+
+BUDGET_CONFIG = explorables.budget_config()
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs=budget_inputs())
+def test_budget_module_gives_the_librarys_figures(budget_js, inputs):
+    expected = explorables.budget_figures(inputs)
+    assert budget_js("compute", inputs, BUDGET_CONFIG) == expected
+    # ... and draws them as the page without script shows them
+    assert budget_js("render", expected, BUDGET_CONFIG) == explorables.render_budget(expected, BUDGET_CONFIG)
+
+
+def test_budget_module_reproduces_the_books_reference_and_refusals(budget_js):
+    """Named cases, so a reader sees what the generated ones cover: chapter 1's pool, the
+    max_model_len refusal, the startup check's message with the null block held back."""
+    config = explorables.budget_config(weights={"Llama-3.1-8B": 14.96})
+    ref = {"gpu": "H100 SXM 80GB", "model": "Llama-3.1-8B", "dtype": "bf16", "tensor_parallel_size": 1,
+           "gpu_memory_utilization": 0.92, "max_model_len": 32_768, "block_size": 16}
+    figures = budget_js("compute", explorables.budget_inputs(ref, config), config)
+    assert figures["verdict"] == "ok"
+    assert ["blocks of 16", "26,785"] in figures["rows"]
+    assert figures["log"] == ["Available KV cache memory: 52.32 GiB",
+                              "GPU KV cache size: 428,560 tokens, Maximum concurrency for 32,768 "
+                              "tokens per request: 13.08x"]
+    too_long = budget_js("compute", explorables.budget_inputs({**ref, "model": "Llama-3-8B"}, config), config)
+    assert too_long["verdict"] == "refused" and too_long["message"].startswith(
+        "User-specified max_model_len (32768) is greater than the derived max_model_len "
+        "(max_position_embeddings=8192")
+    # An RTX 4090 at 0.92: 22.07 GiB - 14.96 GiB of weights - 6 GiB = 1.11 GiB of pool.
+    tight = {**ref, "gpu": "RTX 4090", "max_model_len": 131_072}
+    f = budget_js("compute", explorables.budget_inputs(tight, config), config)
+    assert f == explorables.budget_figures(explorables.budget_inputs(tight, config))
+    assert f["verdict"] == "refused" and f["message"].startswith(
+        "To serve at least one request with the model's max seq len (131072)")
+    # A pool smaller than one block: nothing is left once the null block is held back.
+    crumbs = {**ref, "gpu_memory_utilization": 1.0}
+    config = explorables.budget_config(non_kv_gib=0.0, weights={"Llama-3.1-8B": 81_559 / 1024 - 0.001})
+    f = budget_js("compute", explorables.budget_inputs(crumbs, config), config)
+    assert f == explorables.budget_figures(explorables.budget_inputs(crumbs, config))
+    assert f["verdict"] == "refused" and f["message"] == budget.NO_MEMORY_MESSAGE
+
+
+def test_the_static_output_is_the_default_settings_figures_and_the_controls_wait_for_the_script():
+    ex = explorables.budget_explorer(weight_gib=14.96)
+    page = ex.html()
+    figures = ex.figures()
+    assert figures["verdict"] == "ok" and ["blocks of 16", "26,785"] in figures["rows"]
+    assert explorables.render_budget(figures, ex.config) in page
+    assert "class='pkv-controls' hidden" in page and "pkvExplore.mount('pkv-budget-" in page
+    assert "http" not in page.replace("https://docs.vllm.ai", "")  # nothing to fetch
+
+
+# ---------------------------------------------------------------- chapter 2: tail waste
+
+
+@pytest.fixture(scope="module")
+def tail_js():
+    node = Node("tail")
+    yield node
+    node.close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(length=st.integers(1, 2**17), block_size=st.one_of(st.sampled_from([1, 16, 64, 65, 128, 256]),
+                                                             st.integers(1, 512)),
+       model=st.sampled_from(list(budget.MODELS)), dtype=st.sampled_from(["bf16", "fp8", "fp32"]))
+def test_tail_module_gives_the_librarys_figures(tail_js, length, block_size, model, dtype):
+    config = explorables.tail_config(model, dtype)
+    inputs = explorables.tail_inputs({"length": length, "block_size": block_size}, config)
+    expected = explorables.tail_figures(inputs)
+    assert tail_js("compute", inputs, config) == expected
+    assert tail_js("render", expected, config) == explorables.render_tail(expected, config)
+
+
+def test_tail_module_reproduces_chapter_2s_lengths(tail_js):
+    """1, 15, 16, 17 tokens at block size 16 leave 15, 1, 0, 15 slots; 15 of them are 1.875 MiB."""
+    config = explorables.tail_config()
+    tails = [tail_js("compute", {"length": n, "block_size": 16, **config["fixed"]}, config)["tail"]
+             for n in (1, 15, 16, 17)]
+    assert tails == [15, 1, 0, 15]
+    worst = tail_js("compute", {"length": 17, "block_size": 16, **config["fixed"]}, config)["rows"][5]
+    assert worst == ["worst case, B - 1 slots", "1.88 MiB"]
