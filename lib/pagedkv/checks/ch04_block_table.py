@@ -391,8 +391,7 @@ def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
     with Checker("table_bytes") as c:
         c.probe(lambda: fn(1, 16, 16))
 
-        c.prop("the chapter's setup: 256 requests, 32,768 tokens, 16-token "
-               "blocks -> 2,097,152 and 33,685,504 bytes",
+        c.prop("256 x 32,768 tokens at B=16: 2,097,152 and 33,685,504 bytes",
                lambda: _bytes_case(fn, (256, 32_768, 16),
                                    "the chapter's setup"),
                "vLLM: 256 x 2,048 x 4 bytes; SGLang: (256 + 1) x 32,768 x 4")
@@ -402,8 +401,8 @@ def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
                          (3, 1_000, 256)):
                 _bytes_case(fn, args, "vLLM's width", only=0)
 
-        c.prop("vLLM's row covers a multiple of 128 tokens (192 tokens at "
-               "B=16: 16 columns, not 12)", aligned,
+        c.prop("vLLM's row covers a multiple of 128 tokens (192 at B=16: 16 "
+               "columns)", aligned,
                "columns = cdiv(max_model_len, block_size), rounded up to a "
                "multiple of 128 // math.gcd(128, block_size) blocks")
 
@@ -432,8 +431,8 @@ def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
                     "not in your code)")
                 _bytes_case(fn, args, f"random case {k}")
 
-        c.prop(f"{cases} random setups match the library's tables "
-               "(block_table_width, ReqToTokenPool)", randomized,
+        c.prop(f"{cases} random setups match block_table_width and "
+               "ReqToTokenPool", randomized,
                "vllm = max_num_seqs x width x 4; sglang = (max_num_seqs + 1) "
                "x max_model_len x 4")
     return c.report
