@@ -545,8 +545,7 @@ def check_partial_hit(fn, cases: int = 40, seed: int = 0) -> CheckReport:
     with Checker("partial_hit") as c:
         c.probe(lambda: fn(10, 4, 2))
 
-        c.prop("the chapter's case: 4,100 tokens, 16-token blocks, a 4-token "
-               "unit -> logical block 256, 4 valid slots, a copy",
+        c.prop("4,100 tokens, B=16, unit 4: block 256, 4 valid slots, a copy",
                lambda: _hit_case(fn, (4_100, 16, 4), "the chapter's case"),
                "4,100 = 256 x 16 + 4: the hit ends 4 slots into block 256")
 
@@ -555,9 +554,8 @@ def check_partial_hit(fn, cases: int = 40, seed: int = 0) -> CheckReport:
                          (0, 16, 4)):
                 _hit_case(fn, args, "a hit on a block boundary")
 
-        c.prop("a hit on a block boundary needs no copy (and a one-group "
-               "unit, match_unit == block_size, never ends inside a block)",
-               boundary,
+        c.prop("a hit on a block boundary (or at match_unit == B) needs no "
+               "copy", boundary,
                "needs_copy is hit % block_size != 0; the block is "
                "hit // block_size")
 
@@ -647,8 +645,8 @@ def check_blocks_to_allocate(fn, cases: int = 40,
     with Checker("blocks_to_allocate") as c:
         c.probe(lambda: fn(13, 10, 4))
 
-        c.prop("the chapter's B: 4,112 tokens after a 4,100-token hit at "
-               "B=16 -> 1 block, the copy", lambda: _alloc_case(
+        c.prop("4,112 tokens after a 4,100-token hit, B=16: 1 block, the "
+               "copy", lambda: _alloc_case(
                    fn, (4_112, 4_100, 16), "the chapter's B"),
                "cdiv(4,112, 16) = 257 blocks; the hit supplies 256 whole "
                "ones; block 256 is B's private copy")
