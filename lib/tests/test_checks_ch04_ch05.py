@@ -1,6 +1,8 @@
-"""The chapter 4 and 5 checkers: right answers pass, each kind of wrong answer fails the right property."""
+"""The exercise 4 and 5 checkers: right answers pass, each kind of wrong answer fails the right property."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ def verdicts(report):
     return [r.passed for r in report.results]
 
 
-# -- chapter 4: the slot mapping in numpy ----------------------------------------------------------
+# -- exercise 5, first rung: the slot mapping in numpy --------------------------------------------
 
 
 def slots_np(block_table, req_indices, positions, block_size):
@@ -26,13 +28,13 @@ def slots_np(block_table, req_indices, positions, block_size):
     return np.where(real, blocks * block_size + positions % block_size, -1).astype(np.int64)
 
 
-def test_ch04_solution_passes_every_property(capsys):
+def test_numpy_solution_passes_every_property(capsys):
     assert checks.check_slot_mapping_numpy(slots_np)
     out = capsys.readouterr().out
     assert "\u274c" not in out and out.count("\u2705") == 6
 
 
-def test_ch04_int32_arithmetic_fails_dtype_and_overflow_only():
+def test_numpy_int32_arithmetic_fails_dtype_and_overflow_only():
     def int32_slots(block_table, req_indices, positions, block_size):
         real = req_indices >= 0
         blocks = block_table[np.where(real, req_indices, 0), positions // block_size]  # stays int32
@@ -44,7 +46,7 @@ def test_ch04_int32_arithmetic_fails_dtype_and_overflow_only():
     assert "Diagnosis: int32 wrap" in report.results[3].detail
 
 
-def test_ch04_forgetting_padding_fails_padding_and_random():
+def test_numpy_forgetting_padding_fails_padding_and_random():
     def no_padding(block_table, req_indices, positions, block_size):
         blocks = block_table[req_indices, positions // block_size].astype(np.int64)
         return blocks * block_size + positions % block_size
@@ -55,7 +57,7 @@ def test_ch04_forgetting_padding_fails_padding_and_random():
     assert "Diagnosis: padding looked up in row -1" in report.results[2].detail
 
 
-def test_ch04_a_wrong_ordinary_token_is_not_reported_under_padding():
+def test_numpy_a_wrong_ordinary_token_is_not_reported_under_padding():
     def ceil_column(block_table, req_indices, positions, block_size):
         real = req_indices >= 0
         cols = np.minimum(-(-positions // block_size), block_table.shape[1] - 1)
@@ -71,7 +73,7 @@ def test_ch04_a_wrong_ordinary_token_is_not_reported_under_padding():
     (lambda b, p, B: b * B, "offset forgotten"),
     (lambda b, p, B: b + p % B, "block id not scaled"),
 ])
-def test_ch04_slot_formula_mistakes_are_named(slot, name):
+def test_numpy_slot_formula_mistakes_are_named(slot, name):
     def fn(block_table, req_indices, positions, block_size):
         real = req_indices >= 0
         blocks = block_table[np.where(real, req_indices, 0), positions // block_size].astype(np.int64)
@@ -82,7 +84,7 @@ def test_ch04_slot_formula_mistakes_are_named(slot, name):
     assert failed and all(f"Diagnosis: {name}" in r.detail for r in failed)
 
 
-def test_ch04_mutating_the_input_is_caught():
+def test_numpy_mutating_the_input_is_caught():
     def mutates(block_table, req_indices, positions, block_size):
         real = req_indices >= 0
         req_indices[~real] = 0  # in place: the caller's array changes
@@ -94,7 +96,7 @@ def test_ch04_mutating_the_input_is_caught():
     assert "req_indices was modified" in report.results[5].detail
 
 
-def test_ch04_stub_crash_and_wrong_type_are_red_lines():
+def test_numpy_stub_crash_and_wrong_type_are_red_lines():
     def stub(*args):
         raise NotImplementedError
 
@@ -329,3 +331,136 @@ def test_ch05_a_hang_costs_one_timeout_per_check():
         elapsed = time.perf_counter() - start
         assert not report and all("no answer within 0.3 s" in r.detail for r in report.results)
         assert elapsed < 0.3 + 3.0, (check.__name__, elapsed)
+
+
+# -- exercise 4: condensing the batch, and what the table costs ----------------------------------
+
+
+def condense(table, num_reqs, finished_rows, *, clear=True, reverse=False, stable=False,
+             skip_finished=True):
+    """vLLM's InputBatch.condense on a BlockTable, or one of its common mistakes."""
+    if clear:
+        for r in finished_rows:
+            table.clear_row(r)
+    moves = []
+    if stable:
+        live = [r for r in range(num_reqs) if r not in finished_rows]
+        for tgt, src in enumerate(live):
+            if src != tgt:
+                table.move_row(src, tgt)
+                moves.append((src, tgt))
+        return moves
+    holes, last = sorted(finished_rows), num_reqs - 1
+    while holes:
+        while skip_finished and last in holes:
+            last -= 1
+        if holes[0] >= last:
+            break
+        hole = holes.pop(0)
+        src, tgt = (hole, last) if reverse else (last, hole)
+        table.move_row(src, tgt)
+        moves.append((src, tgt))
+        last -= 1
+    return moves
+
+
+def by_hand(table, num_reqs, finished_rows):
+    """Moves the cells with numpy: the lengths stay where they were."""
+    for r in finished_rows:
+        table.clear_row(r)
+    holes, last, moves = sorted(finished_rows), num_reqs - 1, []
+    while holes:
+        while last in holes:
+            last -= 1
+        if holes[0] >= last:
+            break
+        hole = holes.pop(0)
+        table.np[hole] = table.np[last]
+        table.np[last] = 0
+        moves.append((last, hole))
+        last -= 1
+    return moves
+
+
+def test_condense_solution_passes(capsys):
+    assert checks.check_condense(condense)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 4
+
+
+def test_condense_stub_prints_one_line(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    report = checks.check_condense(stub)
+    assert report.stub and len(report.results) == 1
+    assert capsys.readouterr().out.count("\n") == 1
+
+
+@pytest.mark.parametrize("kwargs, name, verdict", [
+    (dict(reverse=True), "moved the wrong way", [False, True, False, False]),
+    (dict(clear=False), "stale rows left", [False, False, False, False]),
+    (dict(stable=True), "the order kept", [False, True, False, False]),
+    (dict(skip_finished=False), "a finished row moved", [True, False, False, False]),
+])
+def test_each_condense_mistake_is_named(kwargs, name, verdict):
+    report = checks.check_condense(lambda *a: condense(*a, **kwargs))
+    assert verdicts(report) == verdict
+    failed = [r for r in report.results if not r.passed]
+    assert all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+def test_condense_lengths_left_behind_are_named():
+    report = checks.check_condense(by_hand)
+    assert verdicts(report)[2] is False
+    assert "Diagnosis: num_blocks_per_row not moved" in report.results[2].detail
+
+
+def test_condense_must_return_the_moves():
+    report = checks.check_condense(lambda *a: condense(*a) and None)
+    assert not report
+    assert "expected the list of moves" in report.results[0].detail
+
+
+def table_bytes(max_num_seqs, max_model_len, block_size, *, align=True, floor=False,
+                step=None, pad=1):
+    blocks = max_model_len // block_size if floor else -(-max_model_len // block_size)
+    if align:
+        s = step(block_size) if step else 128 // math.gcd(128, block_size)
+        blocks = -(-blocks // s) * s
+    return max_num_seqs * blocks * 4, (max_num_seqs + pad) * max_model_len * 4
+
+
+def test_table_bytes_solution_passes(capsys):
+    assert checks.check_table_bytes(table_bytes)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 5
+
+
+def test_table_bytes_stub_prints_one_line():
+    def stub(*args):
+        raise NotImplementedError
+
+    report = checks.check_table_bytes(stub)
+    assert report.stub and len(report.results) == 1
+
+
+@pytest.mark.parametrize("kwargs, name, verdict", [
+    (dict(align=False), "no alignment", [True, False, False, True, False]),
+    (dict(floor=True), "floor instead of cdiv", [True, False, False, True, False]),
+    (dict(step=lambda b: max(128 // b, 1)), "alignment step 128 // block_size",
+     [True, False, False, True, False]),
+    (dict(pad=0), "SGLang's padding row forgotten", [False, True, True, False, False]),
+])
+def test_each_table_bytes_mistake_is_named(kwargs, name, verdict):
+    report = checks.check_table_bytes(lambda *a: table_bytes(*a, **kwargs))
+    assert verdicts(report) == verdict
+    failed = [r for r in report.results if not r.passed]
+    assert all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+def test_table_bytes_wrong_types_are_red_lines():
+    report = checks.check_table_bytes(lambda *a: table_bytes(*a)[0])
+    assert not report and "expected (vllm_bytes, sglang_bytes)" in report.results[0].detail
+    report = checks.check_table_bytes(lambda *a: tuple(x / 1 for x in table_bytes(*a)))
+    assert not report and "expected an integer, got float" in report.results[0].detail

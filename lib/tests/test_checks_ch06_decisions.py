@@ -136,3 +136,72 @@ def test_a_swapped_copy_is_named():
 
     report = checks.check_redirect_partial_hit(swapped)
     assert "Diagnosis: source and destination swapped" in report.results[0].detail
+
+
+# -- a hit that ends inside a block (multi-group framing; our one-group manager allows it) --
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def partial_hit(shared_tokens, block_size, match_unit, *, floor_to="unit", block="floor",
+                copy="partial"):
+    step = {"unit": match_unit, "block": block_size, "none": 1}[floor_to]
+    hit = shared_tokens // step * step
+    idx = {"floor": hit // block_size, "cdiv": cdiv(hit, block_size),
+           "minus": (hit - 1) // block_size}[block]
+    needs = {"partial": hit % block_size != 0, "hit": hit > 0}[copy]
+    return idx, hit % block_size, needs
+
+
+def blocks_to_allocate(num_tokens, hit_tokens, block_size, *, copy=True, boundary_copy=False):
+    held = cdiv(hit_tokens, block_size)
+    partial = hit_tokens % block_size != 0
+    extra = (hit_tokens > 0) if boundary_copy else (partial and copy)
+    return cdiv(num_tokens, block_size) - held + extra
+
+
+def test_the_partial_hit_solutions_pass(capsys):
+    assert checks.check_partial_hit(partial_hit)
+    assert checks.check_blocks_to_allocate(blocks_to_allocate)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 4 + 4
+
+
+def test_the_partial_hit_stubs_print_one_line(capsys):
+    for check in (checks.check_partial_hit, checks.check_blocks_to_allocate):
+        report = check(stub)
+        assert report.stub and len(report.results) == 1
+    assert capsys.readouterr().out.count("\n") == 2
+
+
+@pytest.mark.parametrize("kwargs, name, verdict", [
+    (dict(copy="hit"), "a copy on a block boundary", [True, False, True, False]),
+    (dict(block="cdiv"), "logical block off by one (cdiv)", [False, True, False, False]),
+    (dict(block="minus"), "logical block off by one (hit - 1)", [True, False, True, False]),
+    (dict(floor_to="block"), "hit floored to the block", [False, True, False, False]),
+    (dict(floor_to="none"), "hit not floored to the match unit", [True, False, False, False]),
+])
+def test_each_partial_hit_mistake_is_named(kwargs, name, verdict):
+    report = checks.check_partial_hit(lambda *a: partial_hit(*a, **kwargs))
+    assert verdicts(report) == verdict
+    failed = [r for r in report.results if not r.passed]
+    assert all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+def test_partial_hit_wants_a_bool():
+    report = checks.check_partial_hit(
+        lambda *a: partial_hit(*a)[:2] + (int(partial_hit(*a)[2]),))
+    assert not report and "needs_copy: expected True or False" in report.results[0].detail
+
+
+@pytest.mark.parametrize("kwargs, name, verdict", [
+    (dict(copy=False), "the copy's block forgotten", [False, False, True, False]),
+    (dict(boundary_copy=True), "a copy counted on a block boundary", [True, True, False, False]),
+])
+def test_each_capacity_count_mistake_is_named(kwargs, name, verdict):
+    report = checks.check_blocks_to_allocate(lambda *a: blocks_to_allocate(*a, **kwargs))
+    assert verdicts(report) == verdict
+    failed = [r for r in report.results if not r.passed]
+    assert all(f"Diagnosis: {name}" in r.detail for r in failed)

@@ -1,157 +1,441 @@
 """Checks for exercises/04_block_table.ipynb.
 
-The learner computes the slot mapping in numpy from a block table:
+The learner practises chapter 4's table:
 
-* ``slot_mapping_numpy(block_table, req_indices, positions, block_size) -> np.ndarray``
-  with ``block_table`` an ``[num_rows, max_blocks]`` int32 array, ``req_indices``
-  and ``positions`` int64 arrays of one entry per token (``req_indices == -1``
-  marks padding), returning one int64 slot per token (``-1`` for padding).
+* ``condense(table, num_reqs, finished_rows) -> list[(src, tgt)]``: remove
+  the finished requests from a ``BlockTable`` whose rows ``0 ..
+  num_reqs - 1`` hold the batch, and close the holes as vLLM 0.33.0's
+  ``InputBatch.condense`` does: clear the finished rows (its
+  ``remove_request`` does), then move the last live row into the lowest
+  hole with ``move_row``, until no hole lies below a live row. The return
+  value lists the moves in order (vLLM records them for its logits
+  processors).
+* ``table_bytes(max_num_seqs, max_model_len, block_size) -> (vllm, sglang)``:
+  the bytes of vLLM's block table, its width aligned to 128 tokens
+  (``block_table_width``), and of SGLang's ``req_to_token`` with its padding
+  row, for the same batch.
 
-Each case is compared with the library's reference
-(``pagedkv.kernels.compute_slot_mapping_ref``) and with a token-by-token oracle
-written here. A wrong slot is compared with the answers of the common
-mistakes (the int32 wrap, a ceil where the floor belongs, padding looked up in
-row -1, offset and column swapped...), and the line names the one it matches.
-The padding property judges padding tokens only: a wrong slot for an ordinary
-token there is left to the other properties.
+``condense`` runs on random batches, on a real ``BlockTable``, and is compared
+with a reference written here (vLLM's loop) and with the library's own
+``move_row``/``clear_row``; the table is read through its public ``np``,
+``num_blocks_per_row`` and ``check()``. A difference is compared with models
+of the common mistakes (moves in the wrong direction, finished rows left
+stale, lengths not moved, the order kept, a finished row moved). The byte
+counts are compared with ``block_table_width`` and ``ReqToTokenPool`` and with
+an oracle, and a wrong count with the mistakes' counts (no alignment, floor
+for cdiv, no padding row...).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-import torch
 
-from ..kernels.slot_mapping import compute_slot_mapping_ref
-from ._harness import Checker, CheckReport, WrongAnswer, catalogue
-from .slot_mistakes import SLOT_MISTAKES, diagnose_slots
+from ..block_table import BlockTable, block_table_width
+from ..common import InvariantError, cdiv
+from ..token_pool import ReqToTokenPool
+from ._harness import (Checker, CheckReport, Mistake, WrongAnswer,
+                       catalogue, expect_int, name_mistake)
 
-__all__ = ["check_slot_mapping_numpy"]
-
-BLOCK_SIZES = (1, 8, 16, 32, 128)
-
-
-def _oracle(table: np.ndarray, reqs: np.ndarray, positions: np.ndarray, block_size: int) -> list[int]:
-    out = []
-    for r, p in zip(reqs.tolist(), positions.tolist()):
-        out.append(-1 if r == -1 else int(table[r, p // block_size]) * block_size + p % block_size)
-    return out
+__all__ = ["check_condense", "check_table_bytes"]
 
 
-def random_table_case(rng: np.random.Generator, block_size: int, padding: bool = True):
-    """A table of distinct block ids with some rows partly filled, and tokens inside the filled part."""
-    rows, width = int(rng.integers(1, 6)), int(rng.integers(1, 9))
-    table = np.zeros((rows, width), dtype=np.int32)
-    lengths = rng.integers(1, width + 1, size=rows)
-    ids = rng.permutation(rows * width * 2)[: rows * width].astype(np.int32)
-    for r in range(rows):
-        table[r, : lengths[r]] = ids[r * width : r * width + lengths[r]]
-    n = int(rng.integers(1, 40))
-    reqs = rng.integers(0, rows, size=n).astype(np.int64)
-    positions = np.array([rng.integers(0, lengths[r] * block_size) for r in reqs], dtype=np.int64)
-    if padding:
-        pad = rng.random(n) < 0.2
-        reqs[pad], positions[pad] = -1, 0
-    return table, reqs, positions
+# ------------------------------------------------------------------ condense
+# A batch is modelled as a plain (cells, lengths) pair of numpy arrays, so the
+# reference and the mistakes never write into a library object.
+
+def _state(table: BlockTable) -> tuple[list[list[int]], list[int]]:
+    """What the kernels would read: every cell, and every row's length."""
+    return np.array(table.np).tolist(), table.num_blocks_per_row.tolist()
 
 
-def _call(fn, table, reqs, positions, block_size, what: str) -> np.ndarray:
-    """Run the learner's function on copies; return its answer as a 1-D array of the right length."""
-    got = fn(table.copy(), reqs.copy(), positions.copy(), block_size)
-    arr = np.asarray(got)
-    if arr.shape != (len(reqs),):
-        raise AssertionError(f"{what}: expected one slot per token, shape ({len(reqs)},), got shape {arr.shape}")
-    return arr
+def _model_condense(cells, lengths, num_reqs, finished, *, clear=True,
+                    reverse=False, lengths_move=True, stable=False,
+                    skip_finished=True, stop=True):
+    """The table after condensing, and the moves, with one piece changed."""
+    cells = np.array(cells)
+    lengths = np.array(lengths)
+    width = cells.shape[1]
+
+    def move(src, tgt):
+        n = int(lengths[src])
+        if lengths_move:
+            cells[tgt, :n] = cells[src, :n]
+            cells[tgt, n:] = 0
+            lengths[tgt] = n
+            cells[src, :] = 0
+            lengths[src] = 0
+        else:  # whole rows of cells copied, lengths left where they were
+            cells[tgt, :width] = cells[src, :width]
+            cells[src, :] = 0
+
+    if clear:
+        for r in finished:
+            cells[r, :] = 0
+            lengths[r] = 0
+    moves = []
+    if stable:
+        live = [r for r in range(num_reqs) if r not in finished]
+        for tgt, src in enumerate(live):
+            if src != tgt:
+                move(src, tgt)
+                moves.append((src, tgt))
+        return cells.tolist(), lengths.tolist(), moves
+    holes = sorted(set(finished))
+    last = num_reqs - 1
+    while holes:
+        while skip_finished and last in holes:
+            last -= 1
+        hole = holes[0]
+        if stop and hole >= last:
+            break
+        if last < 0:
+            break
+        holes.pop(0)
+        if reverse:
+            move(hole, last)
+            moves.append((hole, last))
+        else:
+            move(last, hole)
+            moves.append((last, hole))
+        last -= 1
+    return cells.tolist(), lengths.tolist(), moves
 
 
-def _compare(got: np.ndarray, want: list[int], reqs, positions, what: str,
-             table=None, block_size=None, only=None) -> None:
-    """Compare slot by slot (``only``: the tokens to judge); name the mistake."""
-    for i, (g, w) in enumerate(zip(got.tolist(), want)):
-        if g != w and (only is None or i in only):
-            kind = "padding" if int(reqs[i]) == -1 else f"row {int(reqs[i])}"
-            raise WrongAnswer(
-                f"{what}: token {i} ({kind}, position {int(positions[i])}) expected slot {w}, got {g}",
-                None if table is None else diagnose_slots(got, table, reqs, positions, block_size))
+def condense_reference(cells, lengths, num_reqs, finished):
+    """vLLM 0.33.0's condense on (cells, lengths): the table and the moves."""
+    return _model_condense(cells, lengths, num_reqs, finished)
 
 
-def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
-    """Check ``fn(block_table, req_indices, positions, block_size) -> np.ndarray`` of int64 slots."""
+CONDENSE_MISTAKES = [
+    Mistake("moved the wrong way", "move_row(src, tgt) copies src into tgt "
+            "and clears src: the source is the last live row, the target the "
+            "hole, move_row(last, hole)",
+            lambda *a: _model_condense(*a, reverse=True)),
+    Mistake("stale rows left", "clear every finished row first (vLLM's "
+            "remove_request does): a finished row past the new end is never "
+            "moved into, and would keep naming blocks that are freed",
+            lambda *a: _model_condense(*a, clear=False)),
+    Mistake("num_blocks_per_row not moved", "copying cells by hand leaves the "
+            "lengths behind: use table.move_row(src, tgt), which moves the "
+            "length with the blocks and clears both in the source",
+            lambda *a: _model_condense(*a, lengths_move=False)),
+    Mistake("the order kept", "vLLM does not shift every row down: it moves "
+            "only the last live row into each hole, one move per hole below "
+            "the new end", lambda *a: _model_condense(*a, stable=True)),
+    Mistake("a finished row moved", "skip finished rows when you look for "
+            "the last live row: moving one fills a hole with a request that "
+            "has left", lambda *a: _model_condense(*a, skip_finished=False)),
+    Mistake("a row moved up", "stop when the lowest hole is not below the "
+            "last live row: a move never goes to a higher row",
+            lambda *a: _model_condense(*a, stop=False)),
+]
+
+
+def _build(rows: int, width: int, blocks: list[list[int]]) -> BlockTable:
+    table = BlockTable(max_num_reqs=rows, max_num_blocks_per_req=width,
+                       device="cpu")
+    for r, ids in enumerate(blocks):
+        table.add_row(ids, r)
+    return table
+
+
+def _random_batch(rng: np.random.Generator):
+    """(rows, width, blocks per live row, num_reqs, finished rows)."""
+    rows, width = int(rng.integers(2, 9)), int(rng.integers(1, 5))
+    num_reqs = int(rng.integers(1, rows + 1))
+    ids = iter(rng.permutation(np.arange(1, rows * width + 1)).tolist())
+    blocks = [[next(ids) for _ in range(int(rng.integers(1, width + 1)))]
+              for _ in range(num_reqs)]
+    k = int(rng.integers(0, num_reqs + 1))
+    finished = sorted(rng.choice(num_reqs, size=k, replace=False).tolist())
+    return rows, width, blocks, num_reqs, finished
+
+
+def _moves(result) -> list[tuple[int, int]]:
+    try:
+        return [(int(s), int(t)) for s, t in result]
+    except Exception:  # noqa: BLE001 -- say what came back
+        raise AssertionError(
+            f"expected the list of moves [(src, tgt), ...], got "
+            f"{type(result).__name__} {result!r:.60}") from None
+
+
+def _run_condense(fn, case):
+    """Run the learner's condense on a fresh table; return all we compare."""
+    rows, width, blocks, num_reqs, finished = case
+    table = _build(rows, width, blocks)
+    before = _state(table)
+    moves = _moves(fn(table, num_reqs, list(finished)))
+    cells, lengths = _state(table)
+    try:
+        table.check()
+        broken = None
+    except InvariantError as err:
+        broken = str(err)
+    want = condense_reference(*before, num_reqs, finished)
+    return before, (cells, lengths, moves), want, broken
+
+
+def _diagnose_condense(fn, cases) -> str | None:
+    """The first mistake whose model gives the learner's answer on every
+    case the answer is wrong on."""
+    candidates = list(CONDENSE_MISTAKES)
+    wrong_somewhere = False
+    for case in cases:
+        try:
+            before, got, want, _ = _run_condense(fn, case)
+        except Exception:  # noqa: BLE001 -- no diagnosis then
+            return None
+        if got == want:
+            continue
+        wrong_somewhere = True
+        args = (*before, case[3], case[4])
+        candidates = [m for m in candidates if m.model(*args) == got]
+        if not candidates:
+            return None
+    return candidates[0].diagnosis() if wrong_somewhere else None
+
+
+def _show(cells, lengths, rows) -> str:
+    """Rows as the kernels see them: cells up to the last non-zero one."""
+    def cells_of(r):
+        nonzero = [c for c, v in enumerate(cells[r]) if v]
+        return cells[r][:nonzero[-1] + 1] if nonzero else []
+
+    return "; ".join(f"row {r}: {cells_of(r)} len {lengths[r]}"
+                     for r in rows)
+
+
+def check_condense(fn, cases: int = 150, seed: int = 0) -> CheckReport:
+    """Check ``condense(table, num_reqs, finished_rows) -> [(src, tgt)]``."""
     rng = np.random.default_rng(seed)
-    with Checker("slot_mapping_numpy") as c:
-        c.probe(lambda: fn(np.zeros((1, 1), np.int32), np.zeros(1, np.int64),
-                           np.zeros(1, np.int64), 16))
+    batches = [_random_batch(rng) for _ in range(cases)]
+    chapter = (5, 3, [[1, 2], [3], [4, 5, 6], [7], [8, 9]], 5, [1, 3])
+    with Checker("condense") as c:
+        c.probe(lambda: fn(_build(2, 1, [[1], [2]]), 2, [0]))
+
+        def diagnose():
+            return _diagnose_condense(fn, [chapter, *batches])
 
         def worked_example():
-            table = np.zeros((4, 300), dtype=np.int32)
-            table[3, :256] = np.arange(256) + 5000
-            table[3, 256] = 1913
-            reqs, pos = np.array([3], dtype=np.int64), np.array([4096], dtype=np.int64)
-            got = _call(fn, table, reqs, pos, 16, "row 3, position 4096, block_size 16")
-            _compare(got, [30608], reqs, pos, "the worked example", table, 16)
+            before, got, want, _ = _run_condense(fn, chapter)
+            if got != want:
+                raise WrongAnswer(
+                    f"rows p, q, r, s, t = {chapter[2]}, q (row 1) and s "
+                    f"(row 3) finish: expected moves {want[2]} and "
+                    f"{_show(want[0], want[1], range(5))}; got moves "
+                    f"{got[2]} and {_show(got[0], got[1], range(5))}",
+                    diagnose())
 
-        c.prop("the worked example: row 3, position 4096 -> block 1913 -> slot 30,608", worked_example,
-               "column = position // block_size, offset = position % block_size, slot = block * block_size + offset")
+        c.prop("the chapter's batch: q and s finish, t moves into q's row",
+               worked_example,
+               "clear rows 1 and 3; the last live row (4, request t) goes "
+               "into the lowest hole (1); then the lowest hole (3) is not "
+               "below the last live row (2): stop", diagnose)
 
-        def returns_int64():
-            table, reqs, pos = random_table_case(rng, 16)
-            got = fn(table.copy(), reqs.copy(), pos.copy(), 16)
-            if not isinstance(got, np.ndarray):
-                raise AssertionError(f"expected a numpy array, got {type(got).__name__}")
-            if got.dtype != np.int64:
-                raise AssertionError(f"expected dtype int64, got {got.dtype}")
-            if got.shape != (len(reqs),):
-                raise AssertionError(f"expected shape ({len(reqs)},), got {got.shape}")
+        def no_stale_rows():
+            for case in batches:
+                _, (cells, lengths, _), _, _ = _run_condense(fn, case)
+                new_end = case[3] - len(case[4])
+                for r in range(new_end, case[0]):
+                    if lengths[r] or any(cells[r]):
+                        end = (f"rows 0-{new_end - 1}" if new_end
+                               else "no row")
+                        raise WrongAnswer(
+                            f"{case[3]} requests, rows {case[4]} finish: "
+                            f"the batch is now {end}, but row {r} still "
+                            f"holds {cells[r]} (length {lengths[r]})",
+                            diagnose())
 
-        c.prop("returns an int64 numpy array with one slot per token", returns_int64,
-               "build the result with numpy operations, then .astype(np.int64)")
+        c.prop("every row past the condensed batch is empty: no stale row",
+               no_stale_rows,
+               "table.clear_row(r) for every finished row, and move with "
+               "table.move_row, which clears the row it vacates", diagnose)
 
-        def padding():
-            table = np.array([[7, 9], [4, 0]], dtype=np.int32)
-            reqs = np.array([-1, 0, -1, 1, -1], dtype=np.int64)
-            pos = np.array([0, 17, 5, 3, 0], dtype=np.int64)
-            got = _call(fn, table, reqs, pos, 16, "a batch with padding tokens")
-            _compare(got, [-1, 9 * 16 + 1, -1, 4 * 16 + 3, -1], reqs, pos, "padding", table, 16,
-                     only={0, 2, 4})
+        def lengths_follow():
+            for case in batches:
+                _, (cells, lengths, _), want, broken = _run_condense(fn, case)
+                if broken or lengths != want[1]:
+                    raise WrongAnswer(
+                        f"{case[3]} requests, rows {case[4]} finish: "
+                        f"num_blocks_per_row is {lengths}, expected "
+                        f"{want[1]}" + (f" ({broken})" if broken else ""),
+                        diagnose())
 
-        c.prop("padding tokens (req_indices == -1) get slot -1", padding,
-               "compute every token, then np.where(req_indices == -1, -1, slots); index row 0 for padding so "
-               "nothing reads out of range")
-
-        def wide_slots():
-            table = np.array([[20_000_000, 3]], dtype=np.int32)
-            reqs, pos = np.array([0, 0], dtype=np.int64), np.array([5, 130], dtype=np.int64)
-            got = _call(fn, table, reqs, pos, 128, "block id 20,000,000 at block_size 128")
-            _compare(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, "slots past 2**31", table, 128)
-
-        c.prop("slots past 2**31 do not overflow", wide_slots,
-               "block ids are int32 but block_id * block_size need not fit: cast to int64 before multiplying")
+        c.prop("num_blocks_per_row moves with the blocks (table.check() "
+               "holds)", lengths_follow,
+               "edit the table only through its methods: move_row and "
+               "clear_row keep the lengths and the cells in step", diagnose)
 
         def randomized():
-            for k in range(cases):
-                bs = BLOCK_SIZES[k % len(BLOCK_SIZES)]
-                table, reqs, pos = random_table_case(rng, bs)
-                what = f"random case {k} (block_size {bs}, table {table.shape[0]} x {table.shape[1]})"
-                got = _call(fn, table, reqs, pos, bs, what)
-                want = _oracle(table, reqs, pos, bs)
-                library = compute_slot_mapping_ref(torch.from_numpy(table), torch.from_numpy(reqs),
-                                                   torch.from_numpy(pos), bs).tolist()
-                assert library == want, "the library and the oracle disagree (a bug in pagedkv, not in your code)"
-                _compare(got, want, reqs, pos, what, table, bs)
+            for k, case in enumerate(batches):
+                _, got, want, _ = _run_condense(fn, case)
+                if got != want:
+                    n = case[3]
+                    raise WrongAnswer(
+                        f"random batch {k}: {n} requests in a "
+                        f"{case[0]}-row table, rows {case[4]} finish: "
+                        f"expected moves {want[2]} giving "
+                        f"{_show(want[0], want[1], range(n))}; got "
+                        f"{got[2]} giving {_show(got[0], got[1], range(n))}",
+                        diagnose())
 
-        c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the library", randomized,
-               "index the table with two arrays at once: block_table[req_indices, positions // block_size]")
-
-        def leaves_inputs_alone():
-            table, reqs, pos = random_table_case(rng, 8)
-            copies = (table.copy(), reqs.copy(), pos.copy())
-            fn(table, reqs, pos, 8)
-            for name, before, after in zip(("block_table", "req_indices", "positions"), copies, (table, reqs, pos)):
-                if not np.array_equal(before, after):
-                    raise AssertionError(f"{name} was modified")
-
-        c.prop("the block table and the inputs are left unchanged", leaves_inputs_alone,
-               "replace -1 with 0 in a copy (np.where), not in req_indices itself")
+        c.prop(f"{cases} random batches match vLLM's condense, rows and "
+               "moves", randomized,
+               "holes = sorted(finished_rows); last = num_reqs - 1; for each "
+               "hole: skip finished rows at the end, stop when hole >= last, "
+               "else move_row(last, hole), record it, last -= 1", diagnose)
     return c.report
 
 
-catalogue(check_slot_mapping_numpy, SLOT_MISTAKES)
+catalogue(check_condense, CONDENSE_MISTAKES)
+
+
+# --------------------------------------------------------------- table_bytes
+def _width(max_model_len, block_size, *, blocks="cdiv", step="gcd"):
+    n = (cdiv(max_model_len, block_size) if blocks == "cdiv"
+         else max_model_len // block_size)
+    if step == "none":
+        return n
+    if step == "gcd":
+        s = 128 // math.gcd(128, block_size)
+    elif step == "floor":
+        s = 128 // block_size  # 0 past 128: the model raises, never matches
+    else:  # 128 blocks
+        s = 128
+    return cdiv(n, s) * s
+
+
+def _model_bytes(max_num_seqs, max_model_len, block_size, *, blocks="cdiv",
+                 step="gcd", pad=1, cell=4):
+    vllm = max_num_seqs * _width(max_model_len, block_size, blocks=blocks,
+                                 step=step) * cell
+    sglang = (max_num_seqs + pad) * max_model_len * cell
+    return vllm, sglang
+
+
+def table_bytes_reference(max_num_seqs, max_model_len, block_size):
+    """vLLM's aligned table and SGLang's req_to_token, in bytes."""
+    return _model_bytes(max_num_seqs, max_model_len, block_size)
+
+
+BYTES_MISTAKES = [
+    Mistake("no alignment", "vLLM 0.33.0 rounds the row up to cover a "
+            "multiple of 128 tokens: block_table_width(max_model_len, "
+            "block_size), not cdiv(max_model_len, block_size)",
+            lambda *a: _model_bytes(*a, step="none")),
+    Mistake("floor instead of cdiv", "a window that is not a multiple of the "
+            "block size needs one more block for its last tokens: "
+            "cdiv(max_model_len, block_size), then align",
+            lambda *a: _model_bytes(*a, blocks="floor")),
+    Mistake("floor and no alignment", "columns = cdiv(max_model_len, "
+            "block_size), rounded up to a multiple of 128 tokens",
+            lambda *a: _model_bytes(*a, blocks="floor", step="none")),
+    Mistake("alignment step 128 // block_size", "the step in blocks is "
+            "128 // gcd(128, block_size): with 48-token blocks 8 blocks "
+            "(384 tokens) are the first whole multiple of 128 tokens",
+            lambda *a: _model_bytes(*a, step="floor")),
+    Mistake("aligned to 128 blocks", "the alignment is 128 tokens, not 128 "
+            "blocks: round the block count up to a multiple of "
+            "128 // gcd(128, block_size)",
+            lambda *a: _model_bytes(*a, step="blocks")),
+    Mistake("SGLang's padding row forgotten", "req_to_token has "
+            "max_num_seqs + 1 rows: row 0 is a padding row, never handed out",
+            lambda *a: _model_bytes(*a, pad=0)),
+    Mistake("int64 cells", "both tables hold int32: 4 bytes a cell",
+            lambda *a: _model_bytes(*a, cell=8)),
+]
+
+
+def _bytes_answer(fn, args) -> tuple[int, int]:
+    got = fn(*args)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise AssertionError(f"expected (vllm_bytes, sglang_bytes), got "
+                             f"{type(got).__name__} {got!r:.60}")
+    return (expect_int(got[0], "vllm_bytes"),
+            expect_int(got[1], "sglang_bytes"))
+
+
+def _library_bytes(max_num_seqs, max_model_len, block_size):
+    """The same two sizes, measured on the library's tables (small only)."""
+    width = block_table_width(max_model_len, block_size)
+    vllm = BlockTable(max_num_seqs, width, device="cpu").metadata_bytes
+    sglang = ReqToTokenPool(size=max_num_seqs, max_context_len=max_model_len,
+                            device="cpu").metadata_bytes
+    return vllm, sglang
+
+
+#: Cases on which the mistakes' answers differ from each other.
+_PROBES = [(4, 200, 48), (3, 129, 16), (2, 1000, 96), (5, 300, 256),
+           (1, 40, 7)]
+
+
+def _bytes_case(fn, args, what, only=None) -> None:
+    """Compare one answer (``only``: 0 vLLM, 1 SGLang, None both)."""
+    got = _bytes_answer(fn, args)
+    want = table_bytes_reference(*args)
+    parts = (0, 1) if only is None else (only,)
+    if any(got[i] != want[i] for i in parts):
+        raise WrongAnswer(
+            f"{what} (max_num_seqs={args[0]}, max_model_len={args[1]:,}, "
+            f"block_size={args[2]}): expected ({want[0]:,}, {want[1]:,}) "
+            f"bytes, got ({got[0]:,}, {got[1]:,})",
+            name_mistake(got, args, BYTES_MISTAKES, fn, _PROBES))
+
+
+def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
+    """Check ``table_bytes(max_num_seqs, max_model_len, block_size)``."""
+    rng = np.random.default_rng(seed)
+    with Checker("table_bytes") as c:
+        c.probe(lambda: fn(1, 16, 16))
+
+        c.prop("256 x 32,768 tokens at B=16: 2,097,152 and 33,685,504 bytes",
+               lambda: _bytes_case(fn, (256, 32_768, 16),
+                                   "the chapter's setup"),
+               "vLLM: 256 x 2,048 x 4 bytes; SGLang: (256 + 1) x 32,768 x 4")
+
+        def aligned():
+            for args in ((4, 192, 16), (4, 1_000, 48), (2, 4_096, 96),
+                         (3, 1_000, 256)):
+                _bytes_case(fn, args, "vLLM's width", only=0)
+
+        c.prop("vLLM's row covers a multiple of 128 tokens (192 at B=16: 16 "
+               "columns)", aligned,
+               "columns = cdiv(max_model_len, block_size), rounded up to a "
+               "multiple of 128 // math.gcd(128, block_size) blocks")
+
+        def partial_block():
+            for args in ((4, 129, 16), (2, 1_025, 128), (1, 40, 7)):
+                _bytes_case(fn, args, "a partial last block", only=0)
+
+        c.prop("a window that ends inside a block gets that block's column",
+               partial_block, "cdiv(max_model_len, block_size), never //")
+
+        def padding_row():
+            for args in ((1, 16, 16), (7, 300, 32)):
+                _bytes_case(fn, args, "SGLang's req_to_token", only=1)
+
+        c.prop("SGLang's req_to_token has max_num_seqs + 1 rows", padding_row,
+               "(max_num_seqs + 1) x max_model_len int32 cells: row 0 pads")
+
+        def randomized():
+            sizes = (1, 8, 16, 32, 48, 64, 96, 128, 256, 544, 1_024)
+            for k in range(cases):
+                bs = sizes[k % len(sizes)]
+                args = (int(rng.integers(1, 65)),
+                        int(rng.integers(1, 4_097)), bs)
+                assert _library_bytes(*args) == table_bytes_reference(*args), (
+                    "the library and the oracle disagree (a bug in pagedkv, "
+                    "not in your code)")
+                _bytes_case(fn, args, f"random case {k}")
+
+        c.prop(f"{cases} random setups match block_table_width and "
+               "ReqToTokenPool", randomized,
+               "vllm = max_num_seqs x width x 4; sglang = (max_num_seqs + 1) "
+               "x max_model_len x 4")
+    return c.report
+
+
+catalogue(check_table_bytes, BYTES_MISTAKES)

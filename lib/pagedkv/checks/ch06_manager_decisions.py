@@ -1,7 +1,7 @@
 """Checks for the decisions of exercises/06_copy_on_write.ipynb.
 
 The learner writes three of ``KVCacheManager``'s decisions, as functions of
-the manager:
+the manager, and two computations on a partial hit:
 
 * ``get_computed_blocks(manager, request) -> (blocks, num_tokens)``: the
   longest cached prefix in whole blocks, stopping at the first miss, capped
@@ -10,6 +10,12 @@ the manager:
   has_scheduled_reqs) -> bool``: ``allocate_slots``' capacity test, with the
   watermark held back for an admission only while other requests are
   scheduled (vLLM 0.33.0's ``has_scheduled_reqs``);
+* ``partial_hit(shared_tokens, block_size, match_unit) -> (block_idx,
+  valid_slots, needs_copy)`` and ``blocks_to_allocate(num_tokens,
+  hit_tokens, block_size) -> int``: where a hit on a match unit finer than
+  the block ends, and what the capacity test counts for it (the private
+  copy's block), compared with an oracle and a real
+  ``KVCacheManager(hash_block_size=match_unit)``;
 * ``redirect_partial_hit(manager, req_blocks, block_idx, cow_block)``: the
   copy-on-write redirect of a partial hit (installed through the manager's
   public ``redirect_partial_hit`` hook).
@@ -25,14 +31,17 @@ difference is diagnosed on small fixed cases.
 from __future__ import annotations
 
 import functools
+import random
 
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
-from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
+from ._harness import (Checker, CheckReport, Mistake, WrongAnswer,
+                       catalogue, expect_int, name_mistake)
 from .manager_trial import manager_trial
 from ..common import cdiv
 
 __all__ = ["check_get_computed_blocks", "check_can_allocate",
+           "check_partial_hit", "check_blocks_to_allocate",
            "check_redirect_partial_hit"]
 
 
@@ -428,3 +437,254 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
 
 
 catalogue(check_redirect_partial_hit, COW_MISTAKES)
+
+
+# ---------------------------------------------------- a hit inside a block
+# Two small computations on the multi-group framing of chapter 6: in vLLM
+# 0.33.0 a prefix-match unit finer than the block (``hash_block_size``)
+# exists only for models with several KV-cache groups; our one-group
+# manager takes one for teaching. The answers are compared with an oracle
+# and with a real KVCacheManager(hash_block_size=match_unit).
+
+def _hit_model(shared, B, unit, *, floor_to="unit", block="floor",
+               copy="partial", valid="slots"):
+    step = {"unit": unit, "block": B, "none": 1}[floor_to]
+    hit = shared // step * step
+    idx = {"floor": hit // B, "cdiv": cdiv(hit, B),
+           "minus": (hit - 1) // B, "unit": hit // unit}[block]
+    slots = hit % B if valid == "slots" else hit % B // unit
+    needs = {"partial": hit % B != 0, "hit": hit > 0,
+             "always": True}[copy]
+    return idx, slots, needs
+
+
+def partial_hit_reference(shared_tokens, block_size, match_unit):
+    """(logical block, valid slots, needs_copy) of the hit."""
+    return _hit_model(shared_tokens, block_size, match_unit)
+
+
+HIT_MISTAKES = [
+    Mistake("a copy on a block boundary", "a hit that ends on a block "
+            "boundary shares whole blocks only: the next block is fresh, "
+            "nothing to copy (needs_copy = hit % block_size != 0)",
+            lambda *a: _hit_model(*a, copy="hit")),
+    Mistake("a copy for every hit", "only a hit that ends inside a block "
+            "needs one", lambda *a: _hit_model(*a, copy="always")),
+    Mistake("logical block off by one (cdiv)", "the hit's last token is at "
+            "position hit - 1, the next one at position hit: its block is "
+            "hit // block_size", lambda *a: _hit_model(*a, block="cdiv")),
+    Mistake("logical block off by one (hit - 1)", "name the block the next "
+            "token goes into, hit // block_size: on a boundary that is the "
+            "fresh block after the hit",
+            lambda *a: _hit_model(*a, block="minus")),
+    Mistake("hit floored to the block", "the lookup hashes match units, "
+            "not blocks: the hit is shared_tokens floored to a multiple of "
+            "match_unit (floored to the block, as a one-group vLLM does, it "
+            "never ends inside one)",
+            lambda *a: _hit_model(*a, floor_to="block")),
+    Mistake("hit not floored to the match unit", "only whole match units "
+            "are hashed: a hit ends at a multiple of match_unit",
+            lambda *a: _hit_model(*a, floor_to="none")),
+    Mistake("blocks counted in match units", "the logical block is "
+            "hit // block_size; match_unit only decides where a hit can end",
+            lambda *a: _hit_model(*a, block="unit")),
+    Mistake("valid slots counted in match units", "a slot holds one token: "
+            "the valid slots are hit % block_size",
+            lambda *a: _hit_model(*a, valid="units")),
+]
+
+#: Where the hit-mistakes' answers differ.
+_HIT_PROBES = [(10, 4, 2), (8, 4, 2), (13, 8, 4), (0, 8, 4), (4_100, 16, 4),
+               (4_096, 16, 4), (35, 16, 16)]
+
+
+def _library_hit(shared, B, unit, extra=3):
+    """What a real manager does: the hit, its blocks, the allocation and
+    the copies, for a prompt whose first ``shared`` tokens a finished
+    request computed (and ``extra`` tokens more of its own)."""
+    m = KVCacheManager(cdiv(shared + 2 * extra, B) * 2 + 4, B,
+                       hash_block_size=unit)
+    cached = [1000 + i for i in range(shared + extra)]
+    a = Request("cached", cached, hash_block_size=unit)
+    m.allocate_slots(a, len(cached))
+    a.num_computed_tokens = len(cached)
+    m.free(a)
+    prompt = cached[:shared] + [5000 + i for i in range(extra)]
+    r = Request("new", prompt, hash_block_size=unit)
+    blocks, hit = m.get_computed_blocks(r)
+    new = m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+    return m, r, hit, len(new), m.outstanding_copies
+
+
+def _hit_answer(fn, args):
+    got = fn(*args)
+    if not (isinstance(got, tuple) and len(got) == 3):
+        raise AssertionError(f"expected (block_idx, valid_slots, needs_copy),"
+                             f" got {type(got).__name__} {got!r:.60}")
+    if not isinstance(got[2], bool):
+        raise AssertionError(f"needs_copy: expected True or False, got "
+                             f"{type(got[2]).__name__} {got[2]!r:.40}")
+    return (expect_int(got[0], "block_idx"),
+            expect_int(got[1], "valid_slots"), got[2])
+
+
+def _hit_case(fn, args, what) -> None:
+    got = _hit_answer(fn, args)
+    want = partial_hit_reference(*args)
+    if got != want:
+        raise WrongAnswer(
+            f"{what} ({args[0]:,} shared tokens, block_size {args[1]}, "
+            f"match_unit {args[2]}): expected {want}, got {got}",
+            name_mistake(got, args, HIT_MISTAKES, fn, _HIT_PROBES))
+
+
+def check_partial_hit(fn, cases: int = 40, seed: int = 0) -> CheckReport:
+    """Check ``partial_hit(shared_tokens, block_size, match_unit) ->
+    (block_idx, valid_slots, needs_copy)``."""
+    rng = random.Random(seed)
+    with Checker("partial_hit") as c:
+        c.probe(lambda: fn(10, 4, 2))
+
+        c.prop("4,100 tokens, B=16, unit 4: block 256, 4 valid slots, a copy",
+               lambda: _hit_case(fn, (4_100, 16, 4), "the chapter's case"),
+               "4,100 = 256 x 16 + 4: the hit ends 4 slots into block 256")
+
+        def boundary():
+            for args in ((4_096, 16, 4), (4_103, 16, 16), (32, 8, 2),
+                         (0, 16, 4)):
+                _hit_case(fn, args, "a hit on a block boundary")
+
+        c.prop("a hit on a block boundary (or at match_unit == B) needs no "
+               "copy", boundary,
+               "needs_copy is hit % block_size != 0; the block is "
+               "hit // block_size")
+
+        def unit_grid():
+            for args in ((4_103, 16, 4), (13, 8, 4), (7, 8, 2)):
+                _hit_case(fn, args, "shared tokens past a match-unit edge")
+
+        c.prop("the hit ends at a multiple of the match unit", unit_grid,
+               "hit = shared_tokens // match_unit * match_unit")
+
+        def randomized():
+            for k in range(cases):
+                B = rng.choice((4, 8, 16, 32))
+                unit = rng.choice([u for u in (1, 2, 4, 8, 16, 32)
+                                   if B % u == 0])
+                shared = rng.randrange(0, 6 * B)
+                m, r, hit, _, copies = _library_hit(shared, B, unit)
+                want = partial_hit_reference(shared, B, unit)
+                ids = m.get_block_ids(r.request_id)
+                library = (hit // B, hit % B, bool(copies))
+                assert library == want, (
+                    "the library and the oracle disagree (a bug in pagedkv, "
+                    "not in your code)")
+                assert not copies or copies[0][1] == ids[want[0]]
+                _hit_case(fn, (shared, B, unit), f"random case {k}")
+
+        c.prop(f"{cases} random hits match a real KVCacheManager("
+               "hash_block_size=match_unit)", randomized,
+               "hit = shared // match_unit * match_unit; (hit // block_size,"
+               " hit % block_size, hit % block_size != 0)")
+    return c.report
+
+
+catalogue(check_partial_hit, HIT_MISTAKES)
+
+
+def _alloc_model(num_tokens, hit, B, *, copy="partial", hits_new=False,
+                 total="cdiv"):
+    need = cdiv(num_tokens, B) if total == "cdiv" else num_tokens // B
+    if hits_new:
+        return need
+    if copy == "partial":
+        return need - hit // B
+    held = cdiv(hit, B)  # the hit's blocks, the partial one included
+    return need - held + {"never": 0, "hit": hit > 0}[copy]
+
+
+def blocks_to_allocate_reference(num_tokens, hit_tokens, block_size):
+    """New blocks allocate_slots takes for a new request after its hit."""
+    return _alloc_model(num_tokens, hit_tokens, block_size)
+
+
+ALLOC_MISTAKES = [
+    Mistake("the copy's block forgotten", "a hit that ends inside a block "
+            "supplies that block only to read from: the private copy is one "
+            "more new block, cdiv(num_tokens, B) - hit // B in all",
+            lambda *a: _alloc_model(*a, copy="never")),
+    Mistake("a copy counted on a block boundary", "a hit on a block "
+            "boundary has no partial block: nothing to copy",
+            lambda *a: _alloc_model(*a, copy="hit")),
+    Mistake("the hit counted as new blocks", "the hit's full blocks are "
+            "shared, not allocated: subtract them",
+            lambda *a: _alloc_model(*a, hits_new=True)),
+    Mistake("floor for the prompt's blocks", "a prompt that ends inside a "
+            "block needs that block: cdiv(num_tokens, block_size)",
+            lambda *a: _alloc_model(*a, total="floor")),
+]
+
+_ALLOC_PROBES = [(4_112, 4_100, 16), (4_112, 4_096, 16), (13, 10, 4),
+                 (13, 8, 4), (21, 12, 8)]
+
+
+def _alloc_case(fn, args, what) -> None:
+    got = expect_int(fn(*args), "blocks_to_allocate")
+    want = blocks_to_allocate_reference(*args)
+    if got != want:
+        raise WrongAnswer(
+            f"{what} ({args[0]:,} tokens, a hit of {args[1]:,}, "
+            f"block_size {args[2]}): expected {want}, got {got}",
+            name_mistake(got, args, ALLOC_MISTAKES, fn, _ALLOC_PROBES))
+
+
+def check_blocks_to_allocate(fn, cases: int = 40,
+                             seed: int = 0) -> CheckReport:
+    """Check ``blocks_to_allocate(num_tokens, hit_tokens, block_size)``."""
+    rng = random.Random(seed)
+    with Checker("blocks_to_allocate") as c:
+        c.probe(lambda: fn(13, 10, 4))
+
+        c.prop("4,112 tokens after a 4,100-token hit, B=16: 1 block, the "
+               "copy", lambda: _alloc_case(
+                   fn, (4_112, 4_100, 16), "the chapter's B"),
+               "cdiv(4,112, 16) = 257 blocks; the hit supplies 256 whole "
+               "ones; block 256 is B's private copy")
+
+        def copies():
+            for args in ((13, 10, 4), (21, 12, 8), (4_113, 4_100, 16)):
+                _alloc_case(fn, args, "a hit that ends inside a block")
+
+        c.prop("a hit that ends inside a block counts the copy's block",
+               copies, "the partial block is shared but cannot be written: "
+               "count it as new")
+
+        def boundary():
+            for args in ((13, 8, 4), (4_112, 4_096, 16), (9, 0, 4)):
+                _alloc_case(fn, args, "a hit on a block boundary")
+
+        c.prop("a hit on a block boundary adds no copy", boundary,
+               "cdiv(num_tokens, block_size) - hit_tokens // block_size")
+
+        def randomized():
+            for k in range(cases):
+                B = rng.choice((4, 8, 16, 32))
+                unit = rng.choice([u for u in (1, 2, 4, 8, 16, 32)
+                                   if B % u == 0])
+                shared = rng.randrange(0, 6 * B)
+                extra = rng.randrange(1, 2 * B)
+                _, r, hit, allocated, _ = _library_hit(shared, B, unit,
+                                                       extra)
+                args = (r.num_tokens, hit, B)
+                assert allocated == blocks_to_allocate_reference(*args), (
+                    "the library and the oracle disagree (a bug in pagedkv, "
+                    "not in your code)")
+                _alloc_case(fn, args, f"random admission {k}")
+
+        c.prop(f"{cases} random admissions match what allocate_slots takes",
+               randomized,
+               "cdiv(num_tokens, block_size) - hit_tokens // block_size")
+    return c.report
+
+
+catalogue(check_blocks_to_allocate, ALLOC_MISTAKES)

@@ -1,4 +1,4 @@
-"""The slot-mapping mistakes exercises 4 (numpy) and 5 (Triton) both name.
+"""The slot-mapping mistakes exercise 5 names, in numpy and in Triton.
 
 ``SLOT_MISTAKES`` models what a learner who swaps one piece of the formula
 ``slot = block_table[r, p // B] * B + p % B`` answers; ``diagnose_slots``
