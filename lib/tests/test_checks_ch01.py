@@ -208,3 +208,101 @@ def test_a_hang_found_by_the_probe_costs_one_timeout_and_every_property_says_so(
     assert not report and len(report.results) >= 2
     assert all("no answer within 0.3 s" in r.detail for r in report.results)
     assert elapsed < 0.3 + 3.0, elapsed
+
+
+# ------------------------------------------- per rank, and the startup check
+def per_rank_ok(layers, kv_heads, head_dim, dtype_bytes, tp):
+    return 2 * layers * max(1, kv_heads // tp) * head_dim * dtype_bytes
+
+
+def startup_ok(pool_bytes, model, block_size, dtype_bytes):
+    per_block = (block_size * 2 * model.num_kv_heads * model.head_dim
+                 * dtype_bytes * model.num_layers)
+    return max(int(pool_bytes // per_block) - 1, 0) * block_size
+
+
+def test_the_new_solutions_pass_every_property(capsys):
+    assert checks.check_kv_bytes_per_rank(per_rank_ok)
+    assert checks.check_startup_max_model_len(startup_ok)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 8
+
+
+def test_the_new_stubs_print_one_line(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    for check in (checks.check_kv_bytes_per_rank,
+                  checks.check_startup_max_model_len):
+        report = check(stub)
+        assert report.stub and len(report.results) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 2 and out.count("not implemented yet") == 2
+
+
+@pytest.mark.parametrize("fn, passed, name", [
+    (lambda L, H, D, b, tp: 2 * L * H * D * b // tp, [True, False, False],
+     "heads split below one per rank"),
+    (lambda L, H, D, b, tp: 2 * L * (H // tp) * D * b, [True, False, False],
+     "zero heads per rank"),
+    (lambda L, H, D, b, tp: 2 * L * H * D * b, [False, False, False],
+     "tensor parallelism ignored"),
+    (lambda L, H, D, b, tp: 2 * L * H * D * b / tp, [False, False, False],
+     "a true division"),
+    (lambda L, H, D, b, tp: L * max(1, H // tp) * D * b, [False, False, False],
+     "K only"),
+])
+def test_each_per_rank_mistake_is_named(fn, passed, name):
+    report = checks.check_kv_bytes_per_rank(fn, cases=20)
+    assert verdicts(report)[:3] == passed
+    failed = [r for r in report.results if not r.passed]
+    assert failed and all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+def _blocks(P, m, B, db, layers=True):
+    page = B * 2 * m.num_kv_heads * m.head_dim * db
+    return P / (page * (m.num_layers if layers else 1))
+
+
+@pytest.mark.parametrize("fn, got, name", [
+    (lambda P, m, B, db: int(_blocks(P, m, B, db)) * B, "32,768",
+     "null block forgotten"),
+    (lambda P, m, B, db: int(_blocks(P, m, B, db)) * B - 1, "32,767",
+     "the null block as one token"),
+    (lambda P, m, B, db: max(int(_blocks(P, m, B, db)) - 2, 0) * B, "32,736",
+     "the null block held back twice"),
+    (lambda P, m, B, db: max(int(_blocks(P, m, B, db)) - 1, 0), "2,047",
+     "blocks, not tokens"),
+    (lambda P, m, B, db: max(int(_blocks(P, m, B, db, False)) - 1, 0) * B,
+     "1,048,560", "layers not divided out"),
+    (lambda P, m, B, db: max(round(_blocks(P, m, B, db)) - 1, 0) * B, None,
+     "rounded to the nearest block"),
+    (lambda P, m, B, db: max(int(_blocks(P, m, B, db) * B) - B, 0), None,
+     "tokens, not whole blocks"),
+    (lambda P, m, B, db: max(math.ceil(_blocks(P, m, B, db)) - 1, 0) * B,
+     None, "divided twice with different rounding"),
+])
+def test_each_startup_mistake_is_named(fn, got, name):
+    report = checks.check_startup_max_model_len(fn, cases=20)
+    failed = [r for r in report.results if not r.passed]
+    # (A tiny pool may show a second mistake: a negative length.)
+    assert failed and f"Diagnosis: {name}" in failed[0].detail
+    assert all("Diagnosis: " in r.detail for r in failed)
+    if got:
+        assert f"expected 32,752, got {got}" in report.results[0].detail
+
+
+def test_the_startup_check_property_uses_the_library_check():
+    # One block short of the longest: the library's check admits one token
+    # more, and the line says so.
+    report = checks.check_startup_max_model_len(
+        lambda *a: max(startup_ok(*a) - a[2], 0), cases=5)
+    assert not report.results[1].passed
+    assert "also admits" in report.results[1].detail
+
+
+def test_a_negative_length_for_a_tiny_pool_is_named():
+    report = checks.check_startup_max_model_len(
+        lambda P, m, B, db: (int(_blocks(P, m, B, db)) - 1) * B, cases=5)
+    assert verdicts(report) == [True, True, False, True]
+    assert "got -16. Diagnosis: a negative length" in report.results[2].detail

@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from pagedkv import checks
 
 
@@ -169,3 +171,64 @@ def test_a_hang_becomes_a_timeout_line_and_the_rest_still_run():
         report = check(hangs, timeout=0.2)
         assert not report and len(report.results) >= 3
         assert "no answer within 0.2 s" in report.results[0].detail
+
+
+# ----------------------------------------------- a trace each policy wins
+def best_fit_wins():
+    return 12, [5, 1, 3, 3], [0, 2], [3, 5]
+
+
+def first_fit_wins():
+    return 12, [6, 1, 4, 1], [0, 2], [3, 4, 3]
+
+
+def test_the_policy_traces_pass(capsys):
+    assert checks.check_best_fit_wins(best_fit_wins)
+    assert checks.check_first_fit_wins(first_fit_wins)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 6
+
+
+def test_the_policy_stubs_print_one_line(capsys):
+    def stub():
+        raise NotImplementedError
+
+    for check in (checks.check_best_fit_wins, checks.check_first_fit_wins):
+        assert check(stub).stub
+    assert capsys.readouterr().out.count("\n") == 2
+
+
+@pytest.mark.parametrize("check, trace, passed, name", [
+    (checks.check_best_fit_wins, first_fit_wins(), [True, False, False],
+     "the policies swapped"),
+    (checks.check_first_fit_wins, best_fit_wins(), [True, False, False],
+     "the policies swapped"),
+    (checks.check_best_fit_wins, (12, [5, 1, 3, 3], [0, 1], [3, 3]),
+     [True, True, False], "one hole"),
+    (checks.check_best_fit_wins, (12, [5, 1, 3, 3], [0, 2], [3, 6]),
+     [True, False, True], "more asked than free"),
+    (checks.check_first_fit_wins, (12, [5, 1, 3, 3], [0, 2], [3, 3]),
+     [True, True, False], "requests of one size"),
+    (checks.check_first_fit_wins, (12, [5, 1, 3, 3], [0, 2], [5, 3]),
+     [True, True, False], "no request refused"),
+])
+def test_each_policy_mistake_is_named(check, trace, passed, name):
+    report = check(lambda: trace)
+    assert [r.passed for r in report.results] == passed
+    failed = [r for r in report.results if not r.passed]
+    assert all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+@pytest.mark.parametrize("trace, words", [
+    ([12], "expected (capacity, layout, frees, requests)"),
+    ((12, [5, 1, 3, 3], [0, 7], [3, 5]), "frees [0, 7]"),
+    ((8, [5, 1, 3, 3], [0, 2], [3, 5]), "more than the pool's 8"),
+    ((12, [5, 1, 3, 3], [0, 2], []), "requests is empty"),
+    ((12, [5, 1, 3, 3], [0, 2], [3, 0]), "at least one slot"),
+])
+def test_a_malformed_policy_trace_fails_the_first_line_only_with_its_reason(
+        trace, words):
+    report = checks.check_best_fit_wins(lambda: trace)
+    assert [r.passed for r in report.results] == [False, False, False]
+    assert words in report.results[0].detail
+    assert "did not replay" in report.results[1].detail

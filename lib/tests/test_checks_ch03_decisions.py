@@ -150,3 +150,150 @@ def test_removing_held_blocks_is_named():
     report = checks.check_touch(always_remove)
     assert not report.results[0].passed
     assert "Diagnosis: removed a block that is not queued" in report.results[0].detail
+
+
+# ------------------------------------ get_new_blocks, find_longest_cache_hit
+import pytest  # noqa: E402
+
+
+def get_new_blocks(pool, n):
+    queue = pool.free_block_queue
+    if n > queue.num_free_blocks:
+        raise ValueError(f"Cannot get {n} free blocks from the pool")
+    blocks = queue.popleft_n(n)
+    for block in blocks:
+        h = block.block_hash
+        if h is not None:
+            same_hash = pool.cached_block_hash_to_block[h]
+            del same_hash[block.block_id]
+            if not same_hash:
+                del pool.cached_block_hash_to_block[h]
+            block.reset_hash()
+        block.ref_cnt = 1
+    return blocks
+
+
+def find_longest_cache_hit(pool, block_hashes, num_tokens, block_size):
+    blocks = []
+    for i, h in enumerate(block_hashes):
+        if (i + 1) * block_size > num_tokens - 1:
+            break
+        block = pool.get_cached_block(h)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+
+
+def test_the_new_solutions_pass(capsys):
+    assert checks.check_get_new_blocks(get_new_blocks)
+    assert checks.check_find_longest_cache_hit(find_longest_cache_hit)
+    out = capsys.readouterr().out
+    assert "\u274c" not in out and out.count("\u2705") == 4 + 3
+
+
+def test_the_new_stubs_print_one_line(capsys):
+    for report in (checks.check_get_new_blocks(stub),
+                   checks.check_find_longest_cache_hit(stub)):
+        assert report.stub and len(report.results) == 1
+    assert capsys.readouterr().out.count("\n") == 2
+
+
+def _getter(*, evict="both", whole_entry=False, check=True, words=True,
+            tail=False, ref=True):
+    def fn(pool, n):
+        queue = pool.free_block_queue
+        if check and n > queue.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks from the pool"
+                             if words else f"only {queue.num_free_blocks}")
+        if tail:
+            blocks = queue.get_all_free_blocks()[::-1][:n]
+            for block in blocks:
+                queue.remove(block)
+        else:
+            blocks = queue.popleft_n(n)
+        for block in blocks:
+            h = block.block_hash
+            if h is not None:
+                if evict in ("both", "map"):
+                    same_hash = pool.cached_block_hash_to_block[h]
+                    if whole_entry:
+                        same_hash.clear()
+                    else:
+                        del same_hash[block.block_id]
+                    if not same_hash:
+                        del pool.cached_block_hash_to_block[h]
+                if evict in ("both", "block"):
+                    block.reset_hash()
+            if ref:
+                block.ref_cnt = 1
+        return blocks
+    return fn
+
+
+@pytest.mark.parametrize("fn, name", [
+    (_getter(tail=True), "popped from the tail"),
+    (_getter(evict="none"), "hash kept"),
+    (_getter(evict="block"), "cache entry kept"),
+    (_getter(evict="map"), "hash not reset"),
+    (_getter(whole_entry=True), "every block under the hash dropped"),
+    (_getter(ref=False), "ref_cnt not set"),
+    (_getter(words=False), "not refused in vLLM's words"),
+    (_getter(check=False), "not refused in vLLM's words"),
+])
+def test_each_get_new_blocks_mistake_is_named(fn, name):
+    report = checks.check_get_new_blocks(fn, seeds=4)
+    failed = [r for r in report.results if not r.passed]
+    assert failed and f"Diagnosis: {name}" in failed[0].detail
+
+
+def test_refusing_after_popping_is_named():
+    def pops_then_refuses(pool, n):
+        blocks = []
+        for _ in range(n):
+            if not pool.free_block_queue.num_free_blocks:
+                raise ValueError(f"Cannot get {n} free blocks from the pool")
+            blocks.append(pool.free_block_queue.popleft())
+            blocks[-1].ref_cnt = 1
+        return get_new_blocks(pool, 0) or blocks
+
+    report = checks.check_get_new_blocks(pops_then_refuses, seeds=2)
+    assert not report.results[2].passed
+    assert "Diagnosis: refused after changing the pool" in (
+        report.results[2].detail)
+
+
+def _finder(*, cap=-1, skip=False, touch=False, pair=False):
+    def fn(pool, block_hashes, num_tokens, block_size):
+        blocks = []
+        for i, h in enumerate(block_hashes):
+            if (i + 1) * block_size > num_tokens + cap:
+                break
+            block = pool.get_cached_block(h)
+            if block is None:
+                if skip:
+                    continue
+                break
+            blocks.append(block)
+        if touch:
+            pool.touch(blocks)
+        return (blocks, len(blocks) * block_size) if pair else blocks
+    return fn
+
+
+@pytest.mark.parametrize("fn, passed, name", [
+    (_finder(cap=0), [False, True, False], "no -1 cap"),
+    (_finder(cap=-4), [False, True, False], "one block too few"),
+    (_finder(skip=True), [False, True, None],
+     "did not stop at the first miss"),
+    (_finder(touch=True), [None, False, False],
+     "the lookup touched the blocks"),
+    (_finder(pair=True), [False, True, False],
+     "returned (blocks, num_tokens)"),
+])
+def test_each_cache_hit_mistake_is_named(fn, passed, name):
+    report = checks.check_find_longest_cache_hit(fn, seeds=6)
+    got = verdicts(report)
+    assert all(p is None or p == g for p, g in zip(passed, got))
+    failed = [r for r in report.results if not r.passed]
+    assert failed and all(f"Diagnosis: {name}" in r.detail for r in failed)

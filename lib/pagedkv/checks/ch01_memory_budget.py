@@ -1,10 +1,17 @@
 """Checks for exercises/01_memory_budget.ipynb.
 
-The learner writes two functions from the chapter's arithmetic:
+The learner writes four functions from the chapter's arithmetic:
 
 * ``kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes) -> int``
 * ``kv_pool_blocks(total_mib, gpu_memory_utilization, weight_gib, non_kv_gib, model, block_size, dtype_bytes) -> int``
   where ``model`` is a :class:`pagedkv.budget.ModelSpec`.
+* ``kv_bytes_per_rank(num_layers, num_kv_heads, head_dim, dtype_bytes,
+  tensor_parallel_size) -> int``: one tensor-parallel rank's share, the KV
+  heads split across ranks and replicated once there are more ranks than heads
+  (``budget.kv_heads_per_rank``);
+* ``startup_max_model_len(pool_bytes, model, block_size, dtype_bytes) -> int``:
+  the longest ``max_model_len`` vLLM 0.33.0's startup check admits for a pool,
+  the null block held back (``budget.usable_max_model_len``).
 
 Each is compared with the library (``pagedkv.budget``) and with an independent
 oracle written here in exact rational arithmetic, on known answers and on
@@ -21,10 +28,11 @@ import random
 from fractions import Fraction
 
 from .. import budget
-from ._harness import (Checker, CheckReport, Mistake, catalogue, expect_int,
-                       wrong)
+from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
+                       expect_int, wrong)
 
-__all__ = ["check_kv_bytes_per_token", "check_kv_pool_blocks"]
+__all__ = ["check_kv_bytes_per_token", "check_kv_pool_blocks",
+           "check_kv_bytes_per_rank", "check_startup_max_model_len"]
 
 
 def _oracle_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -230,3 +238,289 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
 
 
 catalogue(check_kv_pool_blocks, POOL_MISTAKES)
+
+
+# ----------------------------------------------- (c) per tensor-parallel rank
+def _oracle_heads_per_rank(kv_heads: int, tp: int) -> int:
+    # Deal the heads out: rank r stores every head h with h * tp // kv_heads
+    # == r. Count rank 0's.
+    if tp <= kv_heads:
+        return sum(1 for h in range(kv_heads) if h * tp // kv_heads == 0)
+    return 1  # more ranks than heads: rank r keeps a replica of one head
+
+
+def _oracle_bytes_per_rank(layers, kv_heads, head_dim, dtype_bytes, tp):
+    per_rank = _oracle_heads_per_rank(kv_heads, tp)
+    return sum(dtype_bytes * head_dim * per_rank
+               for _layer in range(layers) for _kv in ("K", "V"))
+
+
+RANK_MISTAKES = [
+    Mistake("tensor parallelism ignored", "each rank stores only its share "
+            "of the KV heads: num_kv_heads // tensor_parallel_size",
+            lambda L, H, D, b, tp: 2 * L * H * D * b),
+    Mistake("heads split below one per rank", "with more ranks than KV "
+            "heads, vLLM replicates a head: every rank keeps at least one, "
+            "max(1, num_kv_heads // tensor_parallel_size)",
+            lambda L, H, D, b, tp: 2 * L * H * D * b // tp),
+    Mistake("zero heads per rank", "num_kv_heads // tensor_parallel_size is "
+            "0 past the head count: every rank keeps at least one head, "
+            "max(1, ...)", lambda L, H, D, b, tp: 2 * L * (H // tp) * D * b),
+    Mistake("K only", "each token stores a key and a value in every layer: "
+            "x 2", lambda L, H, D, b, tp: L * max(1, H // tp) * D * b),
+    Mistake("a constant", "the answer must depend on the arguments",
+            lambda *a: 16_384),
+]
+FLOAT_HEADS = Mistake(
+    "a true division", "num_kv_heads / tensor_parallel_size is a float (0.5 "
+    "past the head count): heads are whole, use // and keep at least one")
+_RANK_PROBES = [(3, 4, 5, 1, 2), (3, 2, 5, 1, 8), (1, 8, 64, 2, 16)]
+
+#: Valid (num_kv_heads, tensor_parallel_size) pairs: tp divides the heads,
+#: or the heads divide tp (vLLM then replicates).
+_TPS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _valid_tps(kv_heads: int) -> list[int]:
+    return [tp for tp in _TPS if kv_heads % tp == 0 or tp % kv_heads == 0]
+
+
+def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
+                            timeout: float = 20.0) -> CheckReport:
+    """Check ``fn(num_layers, num_kv_heads, head_dim, dtype_bytes,
+    tensor_parallel_size) -> int``: one rank's KV bytes per token."""
+    rng = random.Random(seed)
+
+    def compare(args, want, what):
+        got = fn(*args)
+        if isinstance(got, float):
+            raise WrongAnswer(f"{what}: expected the integer {want:,}, got "
+                              f"{got!r}", FLOAT_HEADS.diagnosis())
+        got = expect_int(got, what)
+        if got != want:
+            raise wrong(f"{what}: expected {want:,}, got {got:,}", got, args,
+                        RANK_MISTAKES, fn, _RANK_PROBES)
+
+    with Checker("kv_bytes_per_rank", timeout=timeout) as c:
+        c.probe(lambda: fn(32, 8, 128, 2, 2))
+
+        def split():
+            for tp in (1, 2, 4, 8):
+                compare((32, 8, 128, 2, tp),
+                        budget.kv_bytes_per_token("Llama-3.1-8B", "bf16", tp),
+                        f"Llama-3.1-8B in bf16 at tensor_parallel_size={tp}")
+
+        c.prop("Llama-3.1-8B's 8 KV heads split over 1, 2, 4, 8 ranks: "
+               "128, 64, 32, 16 KiB per token per rank", split,
+               "each rank stores num_kv_heads / tensor_parallel_size heads "
+               "of every layer")
+
+        def replicated():
+            for tp in (16, 32):
+                compare((32, 8, 128, 2, tp),
+                        budget.kv_bytes_per_token("Llama-3.1-8B", "bf16", tp),
+                        f"Llama-3.1-8B in bf16 at tensor_parallel_size={tp}")
+
+        c.prop("past 8 ranks each rank keeps one whole head: 16 KiB at "
+               "TP 16 and 32", replicated,
+               "a head is never split: past the head count, heads are "
+               "replicated")
+
+        def presets():
+            for m in budget.MODELS.values():
+                for tp in _valid_tps(m.num_kv_heads):
+                    for name, nbytes in (("bf16", 2), ("fp8", 1)):
+                        compare((m.num_layers, m.num_kv_heads, m.head_dim,
+                                 nbytes, tp),
+                                budget.kv_bytes_per_token(m, name, tp),
+                                f"{m.name} in {name} at TP {tp}")
+
+        c.prop("every preset model at every TP from 1 to 64 matches "
+               "pagedkv.budget", presets,
+               "budget.kv_heads_per_rank: max(1, num_kv_heads // tp)")
+
+        def randomized():
+            for _ in range(cases):
+                heads = rng.choice([1, 2, 4, 8, 16, 32, 64])
+                args = (rng.randint(1, 128), heads,
+                        rng.choice([64, 96, 128, 256]), rng.choice([1, 2, 4]),
+                        rng.choice(_valid_tps(heads)))
+                compare(args, _oracle_bytes_per_rank(*args), f"fn{args}")
+
+        c.prop(f"{cases} random shapes and TP sizes match an independent "
+               "count", randomized,
+               "2 x layers x heads per rank x head_dim x dtype_bytes")
+    return c.report
+
+
+catalogue(check_kv_bytes_per_rank, RANK_MISTAKES, [FLOAT_HEADS])
+
+
+# ------------------------------------------- (d) the startup check's estimate
+_DTYPE_NAME = {1: "fp8", 2: "bf16", 4: "fp32"}
+
+
+def _oracle_startup(pool_bytes, model, block_size, dtype_bytes) -> int:
+    # Count whole blocks of all layers in exact arithmetic; one of them is
+    # the null block, which never holds a token.
+    per_block = (block_size * 2 * model.num_kv_heads * model.head_dim
+                 * dtype_bytes * model.num_layers)
+    blocks = int(Fraction(pool_bytes) // per_block)
+    return max(blocks - 1, 0) * block_size
+
+
+def _page(m, db):
+    """One token's K and V in one layer."""
+    return 2 * m.num_kv_heads * m.head_dim * db
+
+
+STARTUP_MISTAKES = [
+    Mistake("null block forgotten", "block 0 is the null block and never "
+            "holds a token: the startup check holds it back, so 2,048 "
+            "blocks of 16 admit 2,047 x 16 = 32,752 tokens, not 32,768",
+            lambda P, m, B, db: int(P // (B * _page(m, db) * m.num_layers))
+            * B),
+    Mistake("the null block as one token", "the null block is a whole "
+            "block: subtract one block, then multiply by block_size",
+            lambda P, m, B, db: int(P // (B * _page(m, db) * m.num_layers))
+            * B - 1),
+    Mistake("the null block held back twice", "one block is held back, "
+            "once: (num_blocks - 1) x block_size",
+            lambda P, m, B, db: max(int(P // (B * _page(m, db)
+                                             * m.num_layers)) - 2, 0) * B),
+    Mistake("tokens, not whole blocks", "the pool holds whole blocks: "
+            "floor the bytes to blocks first, then multiply by block_size "
+            "(a part block admits no token)",
+            lambda P, m, B, db: max(int(P // (_page(m, db) * m.num_layers))
+                                    - B, 0)),
+    Mistake("rounded to the nearest block", "a part block cannot be "
+            "allocated: floor-divide, do not round",
+            lambda P, m, B, db: max(round(P / (B * _page(m, db)
+                                                * m.num_layers)) - 1, 0) * B),
+    Mistake("divided twice with different rounding", "rounding up anywhere "
+            "(a ceil, or cdiv of the floored tokens) counts a part block: "
+            "floor once, by one block's bytes across all layers",
+            lambda P, m, B, db: max(-(-int(P // (_page(m, db) * m.num_layers))
+                                      // B) - 1, 0) * B),
+    Mistake("layers not divided out", "a block costs its page in every "
+            "layer: divide by num_layers as well",
+            lambda P, m, B, db: max(int(P // (B * _page(m, db))) - 1, 0) * B),
+    Mistake("blocks, not tokens", "max_model_len is in tokens: multiply the "
+            "usable blocks by block_size",
+            lambda P, m, B, db: max(int(P // (B * _page(m, db)
+                                             * m.num_layers)) - 1, 0)),
+    Mistake("a constant", "the answer must depend on the pool (32,752 is "
+            "2,048 blocks of Llama-3.1-8B's only)", lambda *a: 32_752),
+]
+
+NEGATIVE_LENGTH = Mistake(
+    "a negative length", "a pool with room for the null block only admits "
+    "no request: max(usable blocks, 0) x block_size")
+
+
+def _startup_probes():
+    llama = budget.model_spec("Llama-3.1-8B")
+    qwen = budget.model_spec("Qwen2.5-7B")
+    blk = budget.block_bytes(llama, 16)
+    return [(2_048 * blk, llama, 16, 2),
+            (2_048 * blk + blk * 0.7, llama, 16, 2),
+            (1_000 * blk + blk * 0.3, llama, 16, 2),
+            (5_000.6 * budget.block_bytes(qwen, 32, "fp8"), qwen, 32, 1),
+            (3.2 * budget.block_bytes(qwen, 8), qwen, 8, 2)]
+
+
+def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
+                                timeout: float = 20.0) -> CheckReport:
+    """Check ``fn(pool_bytes, model, block_size, dtype_bytes) -> int``: the
+    longest ``max_model_len`` the startup check admits for the pool."""
+    rng = random.Random(seed)
+    llama = budget.model_spec("Llama-3.1-8B")
+    probes = _startup_probes()
+
+    def compare(args, want, what):
+        got = expect_int(fn(*args), what)
+        if got < 0:
+            raise WrongAnswer(f"{what}: expected {want:,}, got {got:,}",
+                              NEGATIVE_LENGTH.diagnosis())
+        if got != want:
+            raise wrong(f"{what}: expected {want:,}, got {got:,}", got, args,
+                        STARTUP_MISTAKES, fn, probes)
+        return got
+
+    with Checker("startup_max_model_len", timeout=timeout) as c:
+        pinned = 2_048 * budget.block_bytes(llama, 16)
+        c.probe(lambda: fn(pinned, llama, 16, 2))
+
+        def override():
+            compare((pinned, llama, 16, 2), 32_752,
+                    "num_gpu_blocks_override=2048, Llama-3.1-8B, blocks of 16")
+
+        c.prop("2,048 pinned blocks of 16 admit one request of 32,752 "
+               "tokens (the null block held back)", override,
+               "how many of the 2,048 blocks can hold a token?")
+
+        def startup_check():
+            for args in probes:
+                pool, m, B, db = args
+                got = expect_int(fn(*args), "max_model_len")
+                what = (f"{m.name}, {pool / budget.GiB:.3f} GiB pool, "
+                        f"blocks of {B}, {db} B")
+                try:
+                    if got >= 1:
+                        budget.check_enough_kv_cache_memory(
+                            pool, m, got, B, _DTYPE_NAME[db])
+                except ValueError:
+                    raise wrong(f"{what}: the startup check refuses "
+                                f"max_model_len={got:,}", got, args,
+                                STARTUP_MISTAKES, fn, probes) from None
+                try:
+                    budget.check_enough_kv_cache_memory(
+                        pool, m, got + 1, B, _DTYPE_NAME[db])
+                except ValueError:
+                    continue
+                raise wrong(f"{what}: the startup check also admits "
+                            f"max_model_len={got + 1:,}: {got:,} is not the "
+                            "longest", got, args, STARTUP_MISTAKES, fn,
+                            probes)
+
+        c.prop("budget.check_enough_kv_cache_memory admits your length and "
+               "refuses one token more", startup_check,
+               "usable blocks = whole blocks in the pool, less the null "
+               "block; each holds block_size tokens")
+
+        def tiny():
+            for blocks in (0.5, 1, 1.9):
+                pool = blocks * budget.block_bytes(llama, 16)
+                compare((pool, llama, 16, 2), 0,
+                        f"a pool of {blocks} blocks of 16")
+
+        c.prop("a pool with room for the null block only admits 0 tokens",
+               tiny, "the null block comes first; what is left may be "
+               "nothing")
+
+        def randomized():
+            for _ in range(cases):
+                m = _random_model(rng)
+                B = rng.choice([1, 8, 16, 32, 64, 128])
+                db = rng.choice([1, 2, 4])
+                per_block = B * _page(m, db) * m.num_layers
+                pool = per_block * rng.uniform(0, 50_000)
+                if rng.random() < 0.3:  # a pinned pool: whole blocks
+                    pool = per_block * rng.randint(1, 50_000)
+                args = (pool, m, B, db)
+                want = _oracle_startup(*args)
+                assert want == budget.usable_max_model_len(
+                    pool, m, B, _DTYPE_NAME[db])  # checker sanity
+                compare(args, want, f"{m.num_layers} layers, "
+                        f"{m.num_kv_heads} KV heads, head_dim {m.head_dim}, "
+                        f"pool {pool:,.0f} B, block {B}, {db} B")
+
+        c.prop(f"{cases} random pools, models, block sizes and dtypes match "
+               "an exact-arithmetic oracle", randomized,
+               "(pool // bytes of one block across all layers - 1) x "
+               "block_size, and never below 0")
+    return c.report
+
+
+catalogue(check_startup_max_model_len, STARTUP_MISTAKES,
+          [NEGATIVE_LENGTH])

@@ -14,6 +14,14 @@ The learner writes three functions:
   allocator of ``capacity`` slots unable to admit one more request of ``need``
   slots although at least ``need`` slots are free.
 
+* ``best_fit_wins() -> (capacity, layout, frees, requests)`` and
+  ``first_fit_wins()``, the same shape: a pool of ``capacity`` slots, extents
+  of the sizes in ``layout`` admitted from address 0, the extents at the
+  indices in ``frees`` finished, then ``requests`` admitted in order. Under
+  the winning policy every request is admitted; under the other one at least
+  one is refused. Both are replayed on ``VariableExtentAllocator`` with each
+  policy.
+
 Each is compared with the library (``pagedkv.sim``) and with an
 independent oracle written here (a block count for tail waste, a slot bitmap
 for free extents), on known answers and seeded random cases.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +41,9 @@ from ..sim.tail_waste import expected_tail_waste
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
                        expect_equal, expect_int, wrong)
 
-__all__ = ["check_expected_tail_waste", "check_largest_free_extent", "check_fragmenting_trace"]
+__all__ = ["check_expected_tail_waste", "check_largest_free_extent",
+           "check_fragmenting_trace", "check_best_fit_wins",
+           "check_first_fit_wins"]
 
 
 # ------------------------------------------------------------------ oracles
@@ -344,3 +355,154 @@ TRACE_MISTAKES = [
             "them, and make every hole smaller than need"),
 ]
 catalogue(check_fragmenting_trace, TRACE_MISTAKES)
+
+
+# ------------------------------------------- (d) a trace each policy wins
+POLICIES = ("first-fit", "best-fit")
+
+POLICY_MISTAKES = [
+    Mistake("the policies swapped", "this trace makes the other policy win: "
+            "it answers the other function"),
+    Mistake("one hole", "with a single hole both policies choose it: free "
+            "extents that are not neighbours (a live one between them) so "
+            "that two or more holes remain"),
+    Mistake("more asked than free", "the requests add up to more than the "
+            "free slots, so no policy admits them all: that is shortage, not "
+            "placement"),
+    Mistake("requests of one size", "requests of one size fill each hole the "
+            "same way under both policies: sizes must differ, so that where "
+            "one request goes decides whether a later one fits"),
+    Mistake("no request refused", "both policies admit every request: let "
+            "the losing policy put an early request in the hole that a later, "
+            "bigger request needs"),
+]
+
+
+class _Policy(NamedTuple):
+    capacity: int
+    layout: list
+    frees: list
+    requests: list
+
+
+def _unpack_policy_trace(result) -> _Policy:
+    """The learner's (capacity, layout, frees, requests), or AssertionError."""
+    if not (isinstance(result, tuple) and len(result) == 4):
+        raise AssertionError(f"expected (capacity, layout, frees, requests), "
+                             f"got {type(result).__name__} {result!r:.80}")
+    capacity = expect_int(result[0], "capacity")
+    parts = []
+    for name, seq in zip(("layout", "frees", "requests"), result[1:]):
+        if not isinstance(seq, (list, tuple)):
+            raise AssertionError(f"{name}: expected a list of integers, got "
+                                 f"{type(seq).__name__} {seq!r:.60}")
+        parts.append([expect_int(x, f"{name}[{i}]")
+                      for i, x in enumerate(seq)])
+    layout, frees, requests = parts
+    if capacity < 1 or capacity > 1_000_000:
+        raise AssertionError(f"capacity {capacity}: choose 1 to 1,000,000 "
+                             "slots")
+    if any(size < 1 for size in layout + requests):
+        raise AssertionError("every extent and request holds at least one "
+                             "slot")
+    if sum(layout) > capacity:
+        raise AssertionError(f"the layout's extents add up to {sum(layout)} "
+                             f"slots, more than the pool's {capacity}")
+    if any(not 0 <= i < len(layout) for i in frees) or (
+            len(set(frees)) != len(frees)):
+        raise AssertionError(f"frees {frees}: each is the index of one "
+                             f"extent of the layout (0 to {len(layout) - 1}), "
+                             "once")
+    if not requests:
+        raise AssertionError("requests is empty: nothing to admit")
+    return _Policy(capacity, layout, frees, requests)
+
+
+def _replay_policy(trace: _Policy, policy: str):
+    """(holes before the requests, admitted or not for each request)."""
+    alloc = VariableExtentAllocator(trace.capacity, trace.capacity, policy)
+    for i, size in enumerate(trace.layout):
+        assert alloc.admit(("extent", i), size)  # one hole: always fits
+    for i in trace.frees:
+        alloc.finish(("extent", i))
+    holes = alloc.free_extents()
+    admitted = [alloc.admit(("request", k), size)
+                for k, size in enumerate(trace.requests)]
+    return holes, admitted
+
+
+def _diagnose_policy(trace: _Policy, winner: str) -> str | None:
+    loser = POLICIES[0] if winner == POLICIES[1] else POLICIES[1]
+    holes, won = _replay_policy(trace, winner)
+    _, lost = _replay_policy(trace, loser)
+    if all(lost) and not all(won):
+        return POLICY_MISTAKES[0].diagnosis()
+    if len(holes) < 2:
+        return POLICY_MISTAKES[1].diagnosis()
+    if sum(trace.requests) > sum(n for _, n in holes):
+        return POLICY_MISTAKES[2].diagnosis()
+    if len(set(trace.requests)) == 1:
+        return POLICY_MISTAKES[3].diagnosis()
+    if all(won) and all(lost):
+        return POLICY_MISTAKES[4].diagnosis()
+    return None
+
+
+def _check_policy_trace(fn, winner: str, timeout: float) -> CheckReport:
+    loser = POLICIES[0] if winner == POLICIES[1] else POLICIES[1]
+    title = f"{winner.replace('-', '_')}_wins"
+    with Checker(title, timeout=timeout) as c:
+        c.probe(fn)
+        got: dict[str, _Policy] = {}
+
+        def well_formed():
+            got["trace"] = trace = _unpack_policy_trace(fn())
+            holes, _ = _replay_policy(trace, winner)
+            got["holes"] = holes
+
+        c.prop("(capacity, layout, frees, requests) replays: the layout fits "
+               "the pool, the frees name its extents", well_formed,
+               "layout and requests are sizes in slots; frees are indices "
+               "into layout")
+
+        def outcome(policy: str, want_all: bool):
+            def body():
+                if "trace" not in got:
+                    raise AssertionError("the trace did not replay (see the "
+                                         "first line)")
+                trace = got["trace"]
+                _, admitted = _replay_policy(trace, policy)
+                if all(admitted) == want_all:
+                    return
+                refused = [s for s, ok in zip(trace.requests, admitted)
+                           if not ok]
+                verdict = (f"refused {refused}" if refused
+                           else "admitted every request")
+                raise WrongAnswer(
+                    f"holes {got['holes']}, requests {trace.requests}: "
+                    f"{policy} {verdict}", _diagnose_policy(trace, winner))
+            return body
+
+        c.prop(f"{winner} admits every request", outcome(winner, True),
+               f"replay it by hand: {winner} takes the "
+               + ("smallest hole that fits" if winner == "best-fit"
+                  else "lowest-addressed hole that fits"))
+        c.prop(f"{loser} refuses at least one", outcome(loser, False),
+               "let one policy spend the hole that a later request needs")
+    return c.report
+
+
+def check_best_fit_wins(fn, timeout: float = 20.0) -> CheckReport:
+    """Check ``fn() -> (capacity, layout, frees, requests)``: best-fit admits
+    every request, first-fit refuses one."""
+    return _check_policy_trace(fn, "best-fit", timeout)
+
+
+def check_first_fit_wins(fn, timeout: float = 20.0) -> CheckReport:
+    """Check ``fn() -> (capacity, layout, frees, requests)``: first-fit admits
+    every request, best-fit refuses one."""
+    return _check_policy_trace(fn, "first-fit", timeout)
+
+
+catalogue(check_best_fit_wins, POLICY_MISTAKES)
+catalogue(check_first_fit_wins, POLICY_MISTAKES)

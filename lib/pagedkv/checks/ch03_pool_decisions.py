@@ -11,11 +11,22 @@ The learner writes three of ``BlockPool``'s decisions, as functions of the pool:
   the pool for a finished request: its blocks in table order, freed tail
   first (``reversed``);
 * ``touch(pool, blocks)``: a prefix hit; a block nobody holds leaves the free
-  queue, and every block's ``ref_cnt`` rises by one.
+  queue, and every block's ``ref_cnt`` rises by one;
+* ``get_new_blocks(pool, n)``: pop ``n`` blocks from the head of the free
+  queue, each with ``ref_cnt`` 1; a popped block that still carries a hash
+  leaves the prefix cache (its hash and its entry in
+  ``cached_block_hash_to_block``); with fewer than ``n`` free, refuse with
+  vLLM 0.33.0's ``ValueError("Cannot get n free blocks from the pool")``
+  before changing anything;
+* ``find_longest_cache_hit(pool, block_hashes, num_tokens, block_size)``: the
+  cached blocks of the longest prefix, walking the hashes until the first
+  miss, in whole blocks of at most ``num_tokens - 1`` tokens; it only looks.
 
 Each checker builds one real ``KVCacheManager`` that runs the learner's
 function through the library's extension points (a ``BlockPool`` subclass as
-the manager's ``block_pool_class``; ``release_blocks`` for ``free_request``)
+the manager's ``block_pool_class``; ``release_blocks`` for ``free_request``;
+a ``KVCacheManager`` subclass overriding ``get_computed_blocks`` for
+``find_longest_cache_hit``)
 and runs seeded random operation sequences -- admissions with prefix hits, prefill chunks, decode steps,
 preemptions, finished requests, copy-on-write -- beside an untouched manager,
 comparing after every operation the block tables, every ``ref_cnt``, the
@@ -29,10 +40,12 @@ from __future__ import annotations
 from ..block_pool import BlockPool
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
+from ..request import Request
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from .manager_trial import manager_trial
 
-__all__ = ["check_free_blocks", "check_touch"]
+__all__ = ["check_free_blocks", "check_touch", "check_get_new_blocks",
+           "check_find_longest_cache_hit"]
 
 
 # --------------------------------------------------------------- free_blocks
@@ -321,3 +334,326 @@ def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
 
 
 catalogue(check_touch, TOUCH_MISTAKES)
+
+
+# ------------------------------------------------------------ get_new_blocks
+GET_MISTAKES = [
+    Mistake("popped from the tail", "the head of the free queue is reused "
+            "first: pool.free_block_queue.popleft_n(n)"),
+    Mistake("hash kept", "a popped block gets new content: evict its old "
+            "hash, from the block (reset_hash) and from "
+            "cached_block_hash_to_block, or a later prefix hit reads the new "
+            "tenant's KV"),
+    Mistake("cache entry kept", "reset_hash() clears the block, not the map: "
+            "delete its entry in cached_block_hash_to_block[hash] too"),
+    Mistake("hash not reset", "the map entry is gone but the block still "
+            "carries its hash: call block.reset_hash()"),
+    Mistake("every block under the hash dropped", "several blocks may hold "
+            "one hash: delete only this block's entry, "
+            "cached_block_hash_to_block[h][block.block_id], and the hash's "
+            "dict once it is empty"),
+    Mistake("ref_cnt not set", "a popped block belongs to one request: "
+            "ref_cnt 1 (it was 0 in the queue)"),
+    Mistake("refused after changing the pool", "test num_free_blocks "
+            "before popping anything: a refusal leaves every structure as "
+            "it was"),
+    Mistake("not refused in vLLM's words", "with fewer than n free, raise "
+            "ValueError(f\"Cannot get {n} free blocks from the pool\")"),
+]
+
+
+def _get_case() -> tuple[BlockPool, dict[int, KVCacheBlock]]:
+    """A pool of 8 whose free queue is [1, 5, 2, 4] (head first).
+
+    Blocks 2 and 4 are cached (free, hashed, at the tail); block 3, which a
+    request still holds, is cached under block 2's hash 1000 too.
+    """
+    pool = BlockPool(8)
+    b = {blk.block_id: blk for blk in pool.get_new_blocks(7)}
+    for i, h in ((2, 1000), (3, 1000), (4, 1004)):
+        pool.cache_full_blocks([b[i]], [h], 0, 1)
+    pool.free_blocks([b[1], b[5], b[2], b[4]])
+    return pool, b
+
+
+def _pool_state(pool: BlockPool) -> dict:
+    return {
+        "free queue (head to tail)": _queue_ids(pool),
+        "ref_cnt": {b.block_id: b.ref_cnt for b in pool.blocks[1:]},
+        "hashes": {b.block_id: b.block_hash for b in pool.blocks
+                   if b.block_hash is not None},
+        "cached_block_hash_to_block": {
+            h: sorted(d) for h, d in pool.cached_block_hash_to_block.items()},
+    }
+
+
+def _run_get(fn, n: int):
+    """(pool, returned block ids or the exception, the state afterwards)."""
+    pool, _ = _get_case()
+    try:
+        got = [b.block_id for b in fn(pool, n)]
+    except Exception as exc:  # noqa: BLE001 -- the caller judges it
+        got = exc
+    return pool, got, _pool_state(pool)
+
+
+def _diagnose_get(fn) -> str | None:
+    try:
+        pool, got, state = _run_get(fn, 3)
+        if isinstance(got, Exception):
+            return None
+        if got in ([4, 2, 5], [5, 2, 4]):
+            return GET_MISTAKES[0].diagnosis()
+        hashed, mapped = 2 in state["hashes"], 2 in state[
+            "cached_block_hash_to_block"].get(1000, [])
+        if hashed and mapped:
+            return GET_MISTAKES[1].diagnosis()
+        if mapped:
+            return GET_MISTAKES[2].diagnosis()
+        if hashed:
+            return GET_MISTAKES[3].diagnosis()
+        if 1000 not in state["cached_block_hash_to_block"]:
+            return GET_MISTAKES[4].diagnosis()
+        if any(state["ref_cnt"][i] != 1 for i in got):
+            return GET_MISTAKES[5].diagnosis()
+        pool, got, state = _run_get(fn, 5)
+        if state != _pool_state(_get_case()[0]):
+            return GET_MISTAKES[6].diagnosis()
+        if not (isinstance(got, ValueError)
+                and str(got) == "Cannot get 5 free blocks from the pool"):
+            return GET_MISTAKES[7].diagnosis()
+    except Exception:  # noqa: BLE001 -- the property's message says what
+        return None
+    return None
+
+
+def _get_manager(learner_get_new_blocks):
+    """A ``KVCacheManager`` class whose pool allocates with the learner's
+    ``get_new_blocks`` (a ``BlockPool`` subclass as ``block_pool_class``)."""
+    class LearnerPool(BlockPool):
+        def get_new_blocks(self, num_blocks):
+            return learner_get_new_blocks(self, num_blocks)
+
+    class LearnerManager(KVCacheManager):
+        block_pool_class = LearnerPool
+
+    return LearnerManager
+
+
+def check_get_new_blocks(get_new_blocks, seeds: int = 12,
+                         timeout: float = 30.0) -> CheckReport:
+    """Check ``get_new_blocks(pool, n) -> list of blocks``, vLLM 0.33.0's
+    ``BlockPool.get_new_blocks`` as a function of the pool."""
+    fn = get_new_blocks
+    with Checker("get_new_blocks", timeout=timeout) as c:
+        c.probe(lambda: fn(_get_case()[0], 1))
+
+        def compare(n, what):
+            pool, got, state = _run_get(fn, n)
+            ref, _ = _get_case()
+            want = [b.block_id for b in ref.get_new_blocks(n)]
+            if isinstance(got, Exception):
+                raise got
+            if got != want:
+                raise WrongAnswer(f"{what}: got blocks {got}, expected "
+                                  f"{want}", _diagnose_get(fn))
+            for key, value in _pool_state(ref).items():
+                if state[key] != value:
+                    raise WrongAnswer(f"{what}: {key} is {state[key]}, "
+                                      f"expected {value}", _diagnose_get(fn))
+            pool.check()
+
+        def head():
+            compare(2, "queue [1, 5, 2, 4], get_new_blocks(2)")
+
+        c.prop("pops n blocks from the head of the free queue, each with "
+               "ref_cnt 1", head,
+               "pool.free_block_queue.popleft_n(n); then ref_cnt = 1 for "
+               "each", lambda: _diagnose_get(fn))
+
+        def evicts():
+            compare(3, "queue [1, 5, 2, 4] (2 and 4 cached, held block 3 "
+                    "shares 2's hash), get_new_blocks(3)")
+
+        c.prop("a popped cached block leaves the prefix cache, and only it",
+               evicts, "if block.block_hash is not None: drop "
+               "pool.cached_block_hash_to_block[h][block.block_id], then "
+               "block.reset_hash()", lambda: _diagnose_get(fn))
+
+        def refuses():
+            pool, got, state = _run_get(fn, 5)
+            if state != _pool_state(_get_case()[0]):
+                raise WrongAnswer("get_new_blocks(5) with 4 free changed the "
+                                  "pool", GET_MISTAKES[6].diagnosis())
+            words = "Cannot get 5 free blocks from the pool"
+            if not (isinstance(got, ValueError) and str(got) == words):
+                said = (f"{type(got).__name__}({str(got)!r})"
+                        if isinstance(got, Exception) else f"blocks {got}")
+                raise WrongAnswer(f"get_new_blocks(5) with 4 free: got "
+                                  f"{said}, expected ValueError({words!r})",
+                                  GET_MISTAKES[7].diagnosis())
+
+        c.prop("too few free: ValueError('Cannot get 5 free blocks from the "
+               "pool'), nothing changed", refuses,
+               "compare n with pool.free_block_queue.num_free_blocks first")
+
+        def trials():
+            for seed in range(seeds):
+                manager_trial(_get_manager(fn), seed,
+                              diagnose=lambda: _diagnose_get(fn))
+
+        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
+               "the library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_get(fn))
+    return c.report
+
+
+catalogue(check_get_new_blocks, GET_MISTAKES)
+
+
+# ---------------------------------------------------- find_longest_cache_hit
+HIT_MISTAKES = [
+    Mistake("no -1 cap", "a fully cached prompt must still compute its last "
+            "token (its logits pick the next one): at most num_tokens - 1 "
+            "tokens, (num_tokens - 1) // block_size blocks"),
+    Mistake("one block too few", "the cap is num_tokens - 1 tokens, not a "
+            "block less: a prompt one token past a cached block boundary "
+            "hits every cached block"),
+    Mistake("did not stop at the first miss", "the hashes are chained: a "
+            "prefix with a hole in it is not a prefix, stop at the first "
+            "miss"),
+    Mistake("the lookup touched the blocks", "find_longest_cache_hit only "
+            "looks; allocate_slots touches the hit when it admits the "
+            "request"),
+    Mistake("returned (blocks, num_tokens)", "return the list of blocks; "
+            "the caller counts len(blocks) x block_size tokens"),
+]
+
+
+def _hit_model(pool, hashes, num_tokens, B, *, cap=-1, skip_misses=False):
+    blocks = []
+    for i, block_hash in enumerate(hashes):
+        if (i + 1) * B > num_tokens + cap:
+            break
+        block = pool.get_cached_block(block_hash)
+        if block is None:
+            if skip_misses:
+                continue
+            break
+        blocks.append(block.block_id)
+    return blocks
+
+
+def _hit_cases():
+    """(pool, block_hashes, num_tokens, block_size, what) whose answers
+    tell the mistakes apart: a prompt of 3 cached blocks of 4 tokens."""
+    prompt = list(range(1, 13))
+    cases = []
+    for extra, hole, what in (
+            ([], False, "a prompt of 12 tokens, its 3 blocks cached"),
+            ([7], False, "the same 12 tokens and one more"),
+            ([7], True, "13 tokens, cached block 1 evicted")):
+        pool = BlockPool(16)
+        hashes = Request("x", prompt + extra, hash_block_size=4).block_hashes
+        blocks = pool.get_new_blocks(3)
+        pool.cache_full_blocks(blocks, hashes, 0, 3)
+        pool.free_blocks(list(reversed(blocks)))
+        if hole:
+            pool.evict_blocks([blocks[1].block_id])
+        cases.append((pool, list(hashes), len(prompt + extra), 4, what))
+    return cases
+
+
+def _as_blocks(result) -> list[int]:
+    if (isinstance(result, tuple) and len(result) == 2
+            and isinstance(result[0], list)):
+        raise WrongAnswer(f"returned a pair ({len(result[0])} blocks, "
+                          f"{result[1]!r})",
+                          HIT_MISTAKES[4].diagnosis())
+    if not isinstance(result, (list, tuple)) or not all(
+            isinstance(b, KVCacheBlock) for b in result):
+        raise AssertionError(f"expected a list of KVCacheBlock, got "
+                             f"{type(result).__name__} {result!r:.60}")
+    return [b.block_id for b in result]
+
+
+def _diagnose_hit(fn) -> str | None:
+    for pool, hashes, n, B, _ in _hit_cases():
+        before = _pool_state(pool)
+        try:
+            got = _as_blocks(fn(pool, hashes, n, B))
+        except WrongAnswer as exc:
+            return exc.mistake
+        except Exception:  # noqa: BLE001
+            return None
+        if _pool_state(pool) != before:
+            return HIT_MISTAKES[3].diagnosis()
+        if got != _hit_model(pool, hashes, n, B):
+            for mistake, kw in zip(HIT_MISTAKES, (
+                    dict(cap=0), dict(cap=-B), dict(skip_misses=True))):
+                if got == _hit_model(pool, hashes, n, B, **kw):
+                    return mistake.diagnosis()
+            return None
+    return None
+
+
+def _hit_manager(learner_find):
+    """A ``KVCacheManager`` subclass whose ``get_computed_blocks`` answers
+    with the learner's ``find_longest_cache_hit``."""
+    class LearnerManager(KVCacheManager):
+        def get_computed_blocks(self, request):
+            super().get_computed_blocks(request)  # binds it, counts a lookup
+            blocks = list(learner_find(self.block_pool, request.block_hashes,
+                                       request.num_tokens, self.block_size))
+            return blocks, len(blocks) * self.block_size
+
+    return LearnerManager
+
+
+def check_find_longest_cache_hit(find_longest_cache_hit, seeds: int = 12,
+                                 timeout: float = 30.0) -> CheckReport:
+    """Check ``find_longest_cache_hit(pool, block_hashes, num_tokens,
+    block_size) -> list of blocks``."""
+    fn = find_longest_cache_hit
+    with Checker("find_longest_cache_hit", timeout=timeout) as c:
+        c.probe(lambda: fn(*_hit_cases()[0][:4]))
+
+        def fixed():
+            for pool, hashes, n, B, what in _hit_cases():
+                want = _hit_model(pool, hashes, n, B)
+                got = _as_blocks(fn(pool, hashes, n, B))
+                if got != want:
+                    raise WrongAnswer(f"{what}: expected blocks {want}, got "
+                                      f"{got}", _diagnose_hit(fn))
+
+        c.prop("the cached blocks of the longest prefix, stopping at the "
+               "first miss, capped at num_tokens - 1 tokens", fixed,
+               "for i, h in enumerate(block_hashes) while (i + 1) * "
+               "block_size <= num_tokens - 1: pool.get_cached_block(h)",
+               lambda: _diagnose_hit(fn))
+
+        def looks_only():
+            pool, hashes, n, B, _ = _hit_cases()[1]
+            before = _pool_state(pool)
+            fn(pool, hashes, n, B)
+            if _pool_state(pool) != before:
+                raise WrongAnswer("the lookup changed the pool",
+                                  HIT_MISTAKES[3].diagnosis())
+
+        c.prop("looks without changing anything", looks_only,
+               "do not touch: allocate_slots does that")
+
+        def trials():
+            for seed in range(seeds):
+                manager_trial(_hit_manager(fn), seed, aligned=True,
+                              diagnose=lambda: _diagnose_hit(fn))
+
+        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
+               "the library after every operation", trials,
+               "the message names the operation and the first difference",
+               lambda: _diagnose_hit(fn))
+    return c.report
+
+
+catalogue(check_find_longest_cache_hit, HIT_MISTAKES)
