@@ -586,6 +586,39 @@ def check_explorable(browser: "Browser", k: int, cases: int, seed: str) -> list[
     return problems
 
 
+# Answers (hide-cell cells) and hints (<details> in markdown) must start
+# collapsed; the check also opens the first one with the keyboard.
+_COLLAPSED_JS = r"""
+(() => {
+  const all = Array.from(document.querySelectorAll('.bd-article details'));
+  window.__pkvDetails = all;
+  const label = d => ((d.querySelector(':scope > summary') || {}).textContent || '').trim().slice(0, 60);
+  return {count: all.length, open: all.filter(d => d.open).map(label),
+          bare: all.filter(d => !d.querySelector(':scope > summary')).length};
+})()
+"""
+
+
+def check_collapsed(browser: "Browser") -> tuple[list[tuple[str, str]], int]:
+    """Every answer and hint on the page starts collapsed, has a summary to open it
+    with, and the first one opens with Enter on its focused summary."""
+    state = browser.evaluate(_COLLAPSED_JS)
+    problems = [("collapsed", f"starts open: '{label}'") for label in state["open"]]
+    if state["bare"]:
+        problems.append(("collapsed", f"{state['bare']} collapsible box(es) without a summary to open them"))
+    if state["count"] > state["bare"] and not state["open"]:
+        first = "window.__pkvDetails.find(d => d.querySelector(':scope > summary'))"
+        browser.evaluate(f"{first}.querySelector(':scope > summary').focus()")
+        for kind in ("keyDown", "keyUp"):
+            browser.send("Input.dispatchKeyEvent", {"type": kind, "key": "Enter", "code": "Enter",
+                                                    "windowsVirtualKeyCode": 13,
+                                                    **({"text": "\r"} if kind == "keyDown" else {})})
+        if not browser.evaluate(f"{first}.open"):
+            problems.append(("collapsed", "the first collapsed box did not open with Enter on its summary"))
+        browser.evaluate(f"{first}.open = false")
+    return problems, state["count"]
+
+
 @dataclass
 class PageResult:
     page: str
@@ -673,13 +706,15 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
         result.counts = {"redirect": 1}
         result.seconds = time.monotonic() - t0
         return result
+    collapsed_problems, num_collapsed = check_collapsed(browser)  # before _PAGE_JS opens them all
     try:
         browser.evaluate(f"window.__pkvPhone = {'true' if mode.mobile else 'false'}")
         found = browser.evaluate(_PAGE_JS, timeout=60)
     except CDPError as exc:
         found = {"problems": [["script error", f"the checks could not run: {exc}"]], "counts": {}, "replays": 0}
-    result.counts = found["counts"]
+    result.counts = {**found["counts"], "collapsed": num_collapsed}
     result.problems.extend(tuple(p) for p in found["problems"])
+    result.problems.extend(collapsed_problems)
     for k in range(found["replays"]):
         before = browser.evaluate(_REPLAY_STATE_JS % (k, "true"))
         if not before["box"]:
@@ -770,7 +805,8 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
 
 
 # What the book's pages must contain somewhere, so that no check silently finds nothing.
-BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 1}
+BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 1,
+                "collapsed": 40}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -787,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if not r.ok]
     first = [r for r in results if r.mode == args.modes[0]]
     totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",
-                                                                   "marks", "boxes", "explorable")}
+                                                                   "marks", "boxes", "explorable",
+                                                                   "collapsed")}
     missing = [] if args.no_expect or args.only else [
         f"{k} ({totals[k]} found, {n} expected)" for k, n in BOOK_EXPECTS.items() if totals[k] < n]
     for name in args.modes:
@@ -796,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing")
     print(f"{len(results)} page views in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
           f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
-          f"{totals['figure']} figures, "
+          f"{totals['figure']} figures, {totals['collapsed']} collapsed answers and hints, "
           f"{totals['marks']} checker marks; {totals['boxes']} boxes too wide on "
           f"{sum(1 for r in first if r.counts.get('boxes'))} pages; screenshots in {args.screenshots}")
     if missing:

@@ -293,3 +293,18 @@ def test_explorables_are_moved_and_must_read_as_the_library(tmp_path):
     assert set(off) == {"explorable"}
     assert all(d.startswith("budget 1 at {'gpu': ") and "where the library gives" in d for d in off["explorable"])
     assert by_kind(results["dead.html"])["explorable"][0] == "page: the budget explorable's script did not run"
+
+
+@needs_chromium
+def test_answers_and_hints_must_start_collapsed_and_open_with_the_keyboard(tmp_path):
+    details = "<details class='admonition hide'><summary>Show answer</summary><pre>42</pre></details>"
+    site = write_site(tmp_path / "site", {
+        "closed.html": f"<div class='bd-article'>{details}{details.replace('answer', 'hint')}</div>",
+        "open.html": "<div class='bd-article'>" + details.replace("<details ", "<details open ") + "</div>",
+        "bare.html": "<div class='bd-article'><details><pre>no summary</pre></details></div>",
+    })
+    results = {r.page: r for r in run(site, None, log=None, env=bare_fonts(tmp_path))}
+    assert results["closed.html"].ok, results["closed.html"].problems
+    assert results["closed.html"].counts["collapsed"] == 2
+    assert by_kind(results["open.html"])["collapsed"] == ["starts open: 'Show answer'"]
+    assert "without a summary" in by_kind(results["bare.html"])["collapsed"][0]
