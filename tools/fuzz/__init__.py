@@ -13,8 +13,9 @@ a 2 GiB address-space limit.
     python -m tools.fuzz seeds                       # rewrite the seed inputs of the corpus
 
 Targets (``targets.py``): ``gguf``, ``pretrained``, ``tokenizer``, ``sampling``.
-The committed corpus (``corpus/<target>/``) holds the seeds (small valid
-files), every input that ever broke the contract (``crash-*``, with its fix in
-the library), and inputs kept for coverage; ``tools/tests/test_fuzz_corpus.py``
-replays it in ``make test``.
+The committed corpus (``corpus/<target>/``) holds the seeds (``seed-*``,
+small valid files), hand-written hostile GGUF headers (``hostile-*``), every
+input the fuzzer found to break the contract (``crash-*``, with its fix in the
+library), and inputs a campaign kept for coverage (``cov-*``);
+``tools/tests/test_fuzz_corpus.py`` replays it in ``make test``.
 """

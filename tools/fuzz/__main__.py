@@ -2,7 +2,7 @@
 
     run [TARGET ...] --seconds S --seed N   each target for S seconds in its own process, one after another;
                                             a summary line per target; exit 1 on a violation
-    replay [TARGET ...] [--slack K]         every committed input once; exit 1 on a violation
+    replay [TARGET ...] [--slack K]         every committed input (or --corpus DIR's) once; exit 1 on a violation
     seeds                                   rewrite the seed-* inputs of corpus/ (tools/fuzz/seeds.py)
 
 A fuzzing process (``_worker``) caps its address space at 2 GiB, runs torch on
@@ -152,15 +152,15 @@ def run(args) -> int:
     return 0 if ok_all else 1
 
 
-def replay(targets, slack: float = 1.0) -> dict:
-    """Every committed input of ``targets`` once: {target: {"inputs", "violations", "slowest"}}."""
+def replay(targets, slack: float = 1.0, corpus: Path = CORPUS) -> dict:
+    """Every input of ``targets`` in ``corpus`` once: {target: {"inputs", "violations", "slowest"}}."""
     _prepare_process()
     from .contract import LIMIT_S, Violation, timed, wall_clock_alarm
     from .targets import TARGETS
 
     report = {}
     for name in targets:
-        target, files = TARGETS[name], sorted((CORPUS / name).iterdir())
+        target, files = TARGETS[name], sorted(f for f in (corpus / name).iterdir() if f.is_file())
         for f in files:  # warm the lazy imports (safetensors, jinja2, ...) before any input is timed
             try:
                 target.run(f.read_bytes())
@@ -193,6 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("targets", nargs="*", default=[])
     p.add_argument("--slack", type=float, default=1.0, help="multiply the 1 s limit (a loaded machine)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--corpus", type=Path, default=CORPUS,
+                   help="a directory of <target>/ input folders (default: the committed corpus)")
     sub.add_parser("seeds")
     p = sub.add_parser("_worker")
     p.add_argument("target", choices=NAMES)
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
         for line in write_seeds(CORPUS):
             print(line)
         return 0
-    report = replay(args.targets or list(NAMES), args.slack)
+    report = replay(args.targets or list(NAMES), args.slack, args.corpus)
     if args.json:
         print(json.dumps(report))
     else:

@@ -89,10 +89,14 @@ class LLM:
         """A prompt as the engine takes it: text, token ids, or vLLM's ``{"prompt_token_ids": [...]}``."""
         if isinstance(p, dict):
             if "prompt_token_ids" in p:
-                return list(p["prompt_token_ids"])
+                ids = p["prompt_token_ids"]
+                if not isinstance(ids, Sequence) or isinstance(ids, (str, bytes)):
+                    raise TypeError(f"a prompt's prompt_token_ids must be a list of token ids, "
+                                    f"got {type(ids).__name__} {ids!r}")
+                return list(ids)
             if "prompt" in p:
                 return p["prompt"]
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(map(repr, p))}")
         return p
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
