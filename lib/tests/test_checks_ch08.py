@@ -288,3 +288,160 @@ def test_the_referee_patches_nothing_of_the_library():
     with pytest.raises(AssertionError, match="preempted the first running request"):
         ch08._Refereed(loop)(sched, sched.requests["X"], 1)
     assert seen == [before]
+
+
+# -- issue 27: the later tasks (worker table, token budget, n > 1, log line) ----------------------------
+
+from pagedkv.checks import ch08_engine_tasks as tasks  # noqa: E402
+
+
+@functools.cache
+def solution(name):
+    """A function of the solution notebook, with the names its import cell gives it."""
+    import re
+
+    from pagedkv.common import cdiv
+
+    fn = load_cell_function(SOLUTION, name)
+    fn.__globals__.update(re=re, cdiv=cdiv)
+    return fn
+
+
+def remove_row(table, row_of, rid):
+    return load_cell_function(SOLUTION, "remove_row")(table, row_of, rid)
+
+
+@pytest.mark.parametrize("name, count", [("update_block_table", 3), ("tokens_this_step", 4),
+                                         ("fan_out", 3), ("blocks_in_use", 3), ("diagnose", 4)])
+def test_each_later_solution_passes(name, count, capsys):
+    report = getattr(checks, f"check_{name}")(solution(name))
+    assert report and len(report.results) == count
+    assert "\u274c" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, args", [("update_block_table", 3), ("tokens_this_step", 4),
+                                        ("fan_out", 3), ("blocks_in_use", 4), ("diagnose", 1)])
+def test_each_later_stub_prints_one_line(name, args, capsys):
+    def stub(*a):
+        raise NotImplementedError
+
+    report = getattr(checks, f"check_{name}")(stub)
+    assert report.stub and len(report.results) == 1
+    assert capsys.readouterr().out.count("\n") == 1
+
+
+# 1. the worker's table
+
+
+def _update(running_with_add=False, remove=("finished", "preempted"), resumed_append=False, clear=False):
+    def update(table, row_of, out):
+        leaving = []
+        if "finished" in remove:
+            leaving += out.finished_req_ids
+        if "preempted" in remove:
+            leaving += out.preempted_req_ids
+        for rid in leaving:
+            if clear:
+                table.clear_row(row_of.pop(rid))
+            else:
+                remove_row(table, row_of, rid)
+        for rid in out.num_scheduled_tokens:
+            ids = out.new_block_ids.get(rid, [])
+            if rid in out.scheduled_running_reqs or (resumed_append and rid in out.scheduled_resumed_reqs):
+                if running_with_add and rid in out.scheduled_running_reqs:
+                    table.add_row(ids, row_of[rid])
+                else:
+                    table.append_row(ids, row_of[rid])
+            elif rid in row_of:  # kept through its preemption: appended to
+                table.append_row(ids, row_of[rid])
+            else:
+                row_of[rid] = len(row_of)
+                table.add_row(ids, row_of[rid])
+    return update
+
+
+TABLE_CASES = {
+    "add_row for running": (_update(running_with_add=True), "add_row for a running request (overwrites)"),
+    "resumed appended": (_update(resumed_append=True), "append_row for a resumed request (stale blocks kept)"),
+    "preempted kept": (_update(remove=("finished",)), "forgot the preempted rows"),
+    "finished kept": (_update(remove=("preempted",)), "forgot the finished rows"),
+    "holes": (_update(clear=True), "left a hole in the rows"),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLE_CASES))
+def test_table_mistakes_are_named(case):
+    fn, mistake = TABLE_CASES[case]
+    details = failures(checks.check_update_block_table(fn))
+    assert details and all(f"Diagnosis: {mistake}" in d for d in details), details
+
+
+def test_a_kept_preempted_row_fails_only_where_someone_is_preempted():
+    report = checks.check_update_block_table(TABLE_CASES["preempted kept"][0])
+    assert [r.passed for r in report.results] == [True, False, False]
+
+
+# 2. the token budget
+
+
+@pytest.mark.parametrize("mistake", tasks.BUDGET_MISTAKES, ids=lambda m: m.name)
+def test_budget_mistakes_are_named(mistake):
+    details = failures(checks.check_tokens_this_step(mistake.model))
+    assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
+
+
+def test_the_budget_oracle_agrees_with_the_scheduler():
+    states = tasks._budget_states(3, 200)
+    assert all(tasks._budget_reference(*s[:4]) == s[4] for s in states)
+    # the states reach every branch: a chunk, a running chunk, the seat limit
+    assert any(0 < s[4][-1] < s[2][-1] for s in states if s[2])
+    assert any(max(s[1], default=0) > 1 for s in states)
+    assert any(len(s[1]) + sum(1 for x in s[4][len(s[1]):] if x) == s[3] and 0 in s[4][len(s[1]):]
+               for s in states)
+
+
+def test_a_short_answer_is_refused_without_a_diagnosis():
+    details = failures(checks.check_tokens_this_step(lambda b, r, w, m: tasks._budget_reference(b, r, w, m)[:-1]))
+    assert details and "one each, 0 for a request that gets nothing" in details[0]
+
+
+# 3. n > 1
+
+
+@pytest.mark.parametrize("mistake", tasks.FAN_OUT_MISTAKES, ids=lambda m: m.name)
+def test_fan_out_mistakes_are_named(mistake):
+    details = failures(checks.check_fan_out(mistake.model))
+    assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
+
+
+@pytest.mark.parametrize("mistake", tasks.BLOCKS_MISTAKES, ids=lambda m: m.name)
+def test_blocks_mistakes_are_named(mistake):
+    details = failures(checks.check_blocks_in_use(mistake.model))
+    assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
+
+
+# 4. the log line
+
+
+@pytest.mark.parametrize("mistake", tasks.DIAGNOSE_MISTAKES, ids=lambda m: m.name)
+def test_diagnose_mistakes_are_named(mistake):
+    details = failures(checks.check_diagnose(mistake.model))
+    assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
+
+
+def test_a_parser_that_needs_a_preemptions_part_is_named():
+    import re
+
+    good = solution("diagnose")
+
+    def needs_it(line):
+        int(re.search(r"Preemptions: (\d+)", line).group(1))
+        return good(line)
+
+    details = failures(checks.check_diagnose(needs_it))
+    assert details and all("expected a Preemptions part in every line" in d for d in details), details
+
+
+def test_the_engine_runs_give_every_verdict():
+    verdicts = {tasks._expected_verdict(stats) for _, stats in tasks._engine_lines(0)}
+    assert verdicts == set(tasks.VERDICTS)

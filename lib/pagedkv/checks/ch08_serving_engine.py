@@ -57,7 +57,12 @@ from ..kv_cache_manager import KVCacheManager
 from ._harness import FAIL, Checker, CheckReport, PropertyResult
 from ..common import cdiv
 
-__all__ = ["check_preemption_loop"]
+from .ch08_engine_tasks import (  # noqa: E402 -- exercise 8's later tasks
+    check_blocks_in_use, check_diagnose, check_fan_out, check_tokens_this_step,
+    check_update_block_table)
+
+__all__ = ["check_preemption_loop", "check_update_block_table", "check_tokens_this_step",
+           "check_fan_out", "check_blocks_in_use", "check_diagnose"]
 
 #: Allocation failures in a row, with nobody preempted in between, before the
 #: referee calls it a loop that never stops (nothing changes between tries).

@@ -1,0 +1,875 @@
+"""Checks for exercise 8's later tasks: the engine around the scheduler.
+
+After the preemption loop (``ch08_serving_engine``) the learner writes:
+
+1. ``update_block_table(table, row_of, scheduler_output)``: the worker's
+   rows from one ``SchedulerOutput``. Checked by driving real engines step by
+   step (preemptions, resumptions, prefix hits, chunked prompts) and
+   comparing the learner's table, request by request, with the engine's own
+   worker table after every step.
+2. ``tokens_this_step(budget, running, waiting, max_num_seqs)``: how many
+   tokens each request gets in a step under chunked prefill. Checked against
+   ``Scheduler.schedule``'s ``num_scheduled_tokens`` on random states of a
+   real scheduler (a pool large enough never to bind).
+3. ``fan_out(request_id, n, seed)``: the child ids and seeds of an ``n > 1``
+   request, against the ids and seeds the engine queues; and
+   ``blocks_in_use(prompt_len, n, block_size, num_tokens)``: the blocks n
+   children of one prompt hold with prefix caching, against the engine's
+   pool.
+4. ``diagnose(line)``: a verdict on vLLM's periodic log line, on lines the
+   engine printed in runs with known settings and on lines built with
+   ``EngineStats.log_line``.
+
+A wrong answer that a known mistake explains is named (``Mistake``); every
+check reads the library only through public methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import re
+
+from ..block_table import BlockTable
+from ..common import cdiv
+from ..engine import (EngineArgs, EngineRequest, EngineStats, LLMEngine,
+                      SamplingParams, Scheduler)
+from ..kv_cache_manager import KVCacheManager
+from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
+                       expect_int, name_mistake)
+
+__all__ = ["check_update_block_table", "check_tokens_this_step",
+           "check_fan_out", "check_blocks_in_use", "check_diagnose",
+           "VERDICTS", "HIGH_USAGE"]
+
+
+@functools.cache
+def _model():
+    from ..model import Model, ModelConfig
+
+    return Model(ModelConfig.preset("tiny"), seed=0)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """The tiny model on one CPU thread: more only wait for each other."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _args(**kw) -> EngineArgs:
+    base = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                enable_prefix_caching=False, watermark=0.0,
+                kernel_backend="torch", log_stats_interval=0)
+    base.update(kw)
+    return EngineArgs(**base)
+
+
+def _prompt(rng, n):
+    return [rng.randrange(1, 512) for _ in range(n)]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+# ============================================================ 1. the table
+
+#: name -> (engine args, arrivals ``(step, id, prompt, max_tokens)``)
+def _table_scenarios(seed: int) -> dict:
+    rng = random.Random(seed)
+    s = {}
+    s["new and running requests"] = (
+        _args(num_gpu_blocks_override=40, max_model_len=40),
+        [(1 + i // 2, f"r{i}", _prompt(rng, rng.randrange(3, 12)),
+          rng.randrange(1, 9)) for i in range(6)])
+    s["a small pool: preemptions, resumptions"] = (
+        _args(num_gpu_blocks_override=14, max_model_len=32,
+              max_num_batched_tokens=16),
+        [(1 + i, f"p{i}", _prompt(rng, rng.randrange(4, 11)), 14)
+         for i in range(4)])
+    prefix = _prompt(rng, 8)
+    s["prefix hits, chunked prompts, preemptions"] = (
+        _args(num_gpu_blocks_override=16, max_model_len=40,
+              enable_prefix_caching=True, max_num_batched_tokens=12),
+        [(1 + 2 * (i // 3), f"b{i}",
+          prefix[:rng.randrange(0, 9)] + _prompt(rng, rng.randrange(2, 9)),
+          rng.randrange(4, 14)) for i in range(9)])
+    return s
+
+
+TABLE_MISTAKES = [
+    Mistake("add_row for a running request (overwrites)",
+            "a running request's new_block_ids are only the blocks it got "
+            "this step: append_row them to its row; add_row replaces the "
+            "row and loses its earlier blocks"),
+    Mistake("append_row for a resumed request (stale blocks kept)",
+            "a resumed request's new_block_ids are its whole block list, as "
+            "for a new request, and its old blocks went back to the pool at "
+            "preemption: remove its row then, add_row a fresh one now "
+            "(vLLM replaces its block ids)"),
+    Mistake("forgot the preempted rows",
+            "scheduler_output.preempted_req_ids left the batch this step, "
+            "their blocks are freed and may go to someone else: remove "
+            "their rows as you remove the finished ones (kept, the row "
+            "would at resumption name stale blocks before the new ones)"),
+    Mistake("forgot the finished rows",
+            "scheduler_output.finished_req_ids finished since the last "
+            "step: remove their rows first"),
+    Mistake("left a hole in the rows",
+            "the kernels read rows 0..num_reqs-1: when a request leaves, "
+            "move the last row into its hole (remove_row does it)"),
+]
+
+
+(ADD_FOR_RUNNING, APPEND_FOR_RESUMED, KEPT_PREEMPTED, KEPT_FINISHED,
+ HOLE) = TABLE_MISTAKES
+
+
+def _apply_the_worker_rule(prev: dict, out, rid: str) -> list:
+    """Row of ``rid`` after ``out``: what the worker did, for a request
+    that finished in this step (the worker has dropped its row since)."""
+    ids = list(out.new_block_ids.get(rid, []))
+    if rid in out.scheduled_running_reqs:
+        return list(prev.get(rid, [])) + ids
+    return ids
+
+
+def _table_mistake(rid, got, want, out) -> str | None:
+    """Name what put ``got`` in the row of ``rid`` instead of ``want``."""
+    new = list(out.new_block_ids.get(rid, []))
+    if got is None:
+        return None
+    if rid in out.scheduled_running_reqs and got == new and want != new:
+        return ADD_FOR_RUNNING.diagnosis()
+    if rid in out.scheduled_resumed_reqs and len(got) > len(want) \
+            and got[len(got) - len(want):] == want:
+        return APPEND_FOR_RESUMED.diagnosis()
+    return None
+
+
+def _check_table(table, row_of, want: dict, out, where: str) -> None:
+    if not isinstance(row_of, dict):
+        raise AssertionError(f"{where}: row_of is {type(row_of).__name__}; "
+                             "keep it the dict you were given")
+    extra = sorted(set(row_of) - set(want))
+    missing = sorted(set(want) - set(row_of))
+    for rid in extra:
+        if rid in out.finished_req_ids:
+            mistake, when = KEPT_FINISHED, "finished since the last step"
+        elif rid in out.preempted_req_ids:
+            mistake, when = KEPT_PREEMPTED, "was preempted this step"
+        else:
+            mistake, when = None, "is not in the batch"
+        raise WrongAnswer(f"{where}: row_of still has {rid!r}, which {when}",
+                          mistake and mistake.diagnosis())
+    if missing:
+        raise AssertionError(
+            f"{where}: no row for {', '.join(map(repr, missing))}, which "
+            f"ran this step; the worker holds {want}")
+    rows = sorted(row_of.values())
+    if rows != list(range(len(rows))):
+        raise WrongAnswer(f"{where}: your rows are {rows}, not 0.."
+                          f"{len(rows) - 1}", HOLE.diagnosis())
+    lengths = [int(x) for x in table.num_blocks_per_row]
+    if any(lengths[len(rows):]):
+        raise WrongAnswer(
+            f"{where}: rows past {len(rows) - 1} still hold blocks "
+            f"(lengths {lengths})", HOLE.diagnosis())
+    mine = {rid: table.row(row) for rid, row in row_of.items()}
+    for rid in want:
+        if mine[rid] != want[rid]:
+            kind = ("new" if rid in out.scheduled_new_reqs else "resumed"
+                    if rid in out.scheduled_resumed_reqs else "running")
+            raise WrongAnswer(
+                f"{where}: the row of {rid!r} ({kind}, new_block_ids "
+                f"{list(out.new_block_ids.get(rid, []))}) holds "
+                f"{mine[rid]}, the worker's holds {want[rid]}",
+                _table_mistake(rid, mine[rid], want[rid], out))
+
+
+def _run_table(fn, name: str, args, arrivals) -> None:
+    engine = LLMEngine(args, _model(), log_fn=lambda line: None)
+    table = BlockTable(args.max_num_seqs,
+                       cdiv(engine.max_model_len, args.block_size),
+                       device="cpu")
+    row_of: dict = {}
+    pending = sorted(arrivals, key=lambda a: a[0])
+    prev: dict = {}
+    step, seen = 0, set()
+    while pending or engine.has_unfinished_requests():
+        step += 1
+        while pending and (pending[0][0] <= step
+                           or not engine.has_unfinished_requests()):
+            _, rid, prompt, max_tokens = pending.pop(0)
+            engine.add_request(rid, prompt, max_tokens=max_tokens,
+                               ignore_eos=True)
+        outputs = engine.step()
+        out = engine.last_scheduler_output
+        seen.update(("preempted" for _ in out.preempted_req_ids))
+        seen.update(("resumed" for _ in out.scheduled_resumed_reqs))
+        want = engine.worker.rows()
+        for o in outputs:
+            if o.finished:
+                want[o.request_id] = _apply_the_worker_rule(
+                    prev, out, o.request_id)
+        where = f"{name}, step {out.step} ({out.summary()})"
+        try:
+            fn(table, row_of, out)
+        except (KeyError, IndexError) as exc:
+            key = exc.args[0] if exc.args else None
+            if key in out.scheduled_resumed_reqs:
+                raise WrongAnswer(
+                    f"{where}: raised {type(exc).__name__}: {exc!r} for "
+                    f"the resumed request {key!r}, which has no row since "
+                    "its preemption", APPEND_FOR_RESUMED.diagnosis()) from None
+            raise
+        _check_table(table, row_of, want, out, where)
+        prev = engine.worker.rows()
+    if "preemptions" in name and not {"preempted", "resumed"} <= seen:
+        raise RuntimeError(f"scenario {name!r} preempts nobody")  # our bug
+
+
+def check_update_block_table(update_block_table, seed: int = 0,
+                             timeout: float = 30.0) -> CheckReport:
+    """Check ``update_block_table(table, row_of, scheduler_output)``.
+
+    Real engines run step by step; after every step the learner's table
+    must hold, for every request, the row the engine's worker holds.
+    """
+    c = Checker("update_block_table", timeout=timeout)
+    scenarios = _table_scenarios(seed)
+    with _one_thread(), c:
+        first = next(iter(scenarios.items()))
+        c.probe(lambda: _run_table(update_block_table, first[0], *first[1]))
+        for name, (args, arrivals) in scenarios.items():
+            c.prop(f"{name}: the worker's rows, every step",
+                   functools.partial(_run_table, update_block_table, name,
+                                     args, arrivals),
+                   hint="remove the rows of finished and preempted requests "
+                        "first; then add_row for new and resumed requests, "
+                        "append_row for running ones")
+    return c.report
+
+
+catalogue(check_update_block_table, TABLE_MISTAKES)
+
+
+# ===================================================== 2. the token budget
+
+def _budget_reference(budget, running, waiting, max_num_seqs):
+    """The scheduler's arithmetic, written out (an oracle of our own)."""
+    got = []
+    for need in running:
+        n = min(need, budget)
+        got.append(n)
+        budget -= n
+    num_running = len(running)
+    stopped = False
+    for need in waiting:
+        if stopped or budget <= 0 or num_running >= max_num_seqs:
+            stopped = True
+            got.append(0)
+            continue
+        n = min(need, budget)
+        got.append(n)
+        budget -= n
+        num_running += 1
+    return got
+
+
+def _waiting_first(budget, running, waiting, max_num_seqs):
+    w = _budget_reference(budget, [], waiting, max_num_seqs - len(running))
+    left = budget - sum(w)
+    r = _budget_reference(left, running, [], max_num_seqs)
+    return r + w
+
+
+def _no_chunking(budget, running, waiting, max_num_seqs):
+    got = _budget_reference(budget, running, [], max_num_seqs)
+    budget -= sum(got)
+    num, stopped = len(running), False
+    for need in waiting:
+        if stopped or need > budget or num >= max_num_seqs:
+            stopped = True
+            got.append(0)
+            continue
+        got.append(need)
+        budget -= need
+        num += 1
+    return got
+
+
+def _skip_ahead(budget, running, waiting, max_num_seqs):
+    got = _budget_reference(budget, running, [], max_num_seqs)
+    budget -= sum(got)
+    num = len(running)
+    for need in waiting:
+        if need > budget or num >= max_num_seqs:
+            got.append(0)
+            continue
+        got.append(need)
+        budget -= need
+        num += 1
+    return got
+
+
+def _chunk_first(budget, running, waiting, max_num_seqs):
+    """The first waiting prompt is cut to leave room for the others."""
+    got = _budget_reference(budget, running, [], max_num_seqs)
+    budget -= sum(got)
+    slots = max_num_seqs - len(running)
+    admit = [w for w in waiting][:max(slots, 0)]
+    if not admit or budget <= 0:
+        return got + [0] * len(waiting)
+    rest = sum(admit[1:])
+    first = max(min(admit[0], budget - rest), 0)
+    plan = [first] + _budget_reference(budget - first, [], admit[1:],
+                                       len(admit) - 1)
+    return got + plan + [0] * (len(waiting) - len(admit))
+
+
+def _one_each(budget, running, waiting, max_num_seqs):
+    return _budget_reference(budget, [1] * len(running), waiting,
+                             max_num_seqs)
+
+
+def _no_seq_limit(budget, running, waiting, max_num_seqs):
+    return _budget_reference(budget, running, waiting, 10**9)
+
+
+def _seq_limit_on_waiting(budget, running, waiting, max_num_seqs):
+    got = _budget_reference(budget, running, [], max_num_seqs)
+    return got + _budget_reference(budget - sum(got), [], waiting,
+                                   max_num_seqs)
+
+
+BUDGET_MISTAKES = [
+    Mistake("waiting before running",
+            "running requests are served first, in running order; waiting "
+            "ones only get what is left of the budget",
+            _waiting_first),
+    Mistake("no chunking",
+            "with chunked prefill the last prompt admitted gets what is "
+            "left of the budget, min(prompt, budget), instead of waiting",
+            _no_chunking),
+    Mistake("skipped a prompt that does not fit and admitted a later one",
+            "first come, first served: the queue is taken in order and "
+            "nobody overtakes its front; the one that does not fit whole "
+            "is chunked, and admissions stop there", _skip_ahead),
+    Mistake("chunked the wrong request",
+            "only the last request admitted is cut, to what is left of the "
+            "budget; the ones before it get their whole prompts",
+            _chunk_first),
+    Mistake("one token for every running request",
+            "a running request in the middle of a chunked prompt needs the "
+            "rest of its prompt: give it min(what it still needs, budget)",
+            _one_each),
+    Mistake("ignored max_num_seqs",
+            "admissions stop once running + admitted = max_num_seqs",
+            _no_seq_limit),
+    Mistake("max_num_seqs counted against the waiting requests alone",
+            "the running requests count too: admit at most max_num_seqs - "
+            "len(running)", _seq_limit_on_waiting),
+]
+
+
+def _budget_states(seed: int, count: int):
+    """``(budget, running, waiting, max_num_seqs, scheduled)`` from a real
+    scheduler driven to random states; ``scheduled`` is its answer."""
+    rng = random.Random(seed)
+    states = []
+    while len(states) < count:
+        max_num_seqs = rng.randrange(2, 6)
+        budget = rng.randrange(max_num_seqs, 24)
+        manager = KVCacheManager(400, 4, enable_caching=False)
+        sched = Scheduler(manager, max_num_seqs, budget, max_model_len=64)
+        arrivals = 0
+
+        def arrive(k):
+            nonlocal arrivals
+            for _ in range(k):
+                rid = f"q{arrivals}"
+                sched.add_request(EngineRequest(
+                    rid, _prompt(rng, rng.randrange(1, 30)),
+                    max_tokens=rng.randrange(1, 12), ignore_eos=True,
+                    arrival=arrivals))
+                arrivals += 1
+
+        arrive(rng.randrange(1, 6))
+        for _ in range(rng.randrange(0, 12)):
+            if rng.random() < 0.4:
+                arrive(rng.randrange(1, 4))
+            if not sched.has_unfinished_requests():
+                arrive(1)
+            out = sched.schedule()
+            sampled = {
+                rid: 7 for rid, n in out.num_scheduled_tokens.items()
+                if out.num_computed_tokens[rid] + n
+                == sched.requests[rid].num_tokens}
+            sched.update_from_output(out, sampled)
+        if rng.random() < 0.7:
+            arrive(rng.randrange(1, 4))
+        if not sched.has_unfinished_requests():
+            continue
+        running = [r.num_tokens - r.num_computed_tokens
+                   for r in sched.running]
+        waiting = [r.num_tokens for r in sched.waiting]
+        ids = [r.request_id for r in sched.running]
+        ids += [r.request_id for r in sched.waiting]
+        out = sched.schedule()
+        scheduled = [out.num_scheduled_tokens.get(rid, 0) for rid in ids]
+        states.append((budget, running, waiting, max_num_seqs, scheduled))
+    return states
+
+
+def _hand_states():
+    """States where the mistakes show, answered by ``_budget_reference``
+    (which the random states hold to the real scheduler)."""
+    return [
+        (8, [1, 1], [5, 9], 4),       # the second prompt is chunked
+        (10, [1], [3, 20, 2], 4),      # a long prompt blocks a short one
+        (6, [4, 1], [3], 3),           # a running request mid-prompt
+        (16, [1, 1, 1], [2, 2], 4),    # max_num_seqs stops the second
+        (12, [], [5, 5, 5], 3),        # nothing running: 5, 5, 2
+        (20, [1], [2, 2, 2, 2, 2], 3),  # more waiting than seats
+    ]
+
+
+def _check_budget_case(fn, budget, running, waiting, max_num_seqs,
+                       want, where) -> None:
+    args = (budget, list(running), list(waiting), max_num_seqs)
+    got = fn(*args)
+    try:
+        got = [expect_int(x, "an entry") for x in got]
+    except TypeError:
+        raise AssertionError(f"{where}: returned {_short(got)}, expected a "
+                             "list of ints") from None
+    if len(got) != len(running) + len(waiting):
+        raise AssertionError(
+            f"{where}: returned {len(got)} numbers for {len(running)} "
+            f"running and {len(waiting)} waiting requests: one each, 0 for "
+            "a request that gets nothing")
+    if got != want:
+        probes = [tuple(a) for a in _hand_states()]
+        raise WrongAnswer(
+            f"{where}: you gave {got}, the scheduler {want}",
+            name_mistake(got, args, BUDGET_MISTAKES, call=fn, probes=probes))
+
+
+def _budget_where(budget, running, waiting, max_num_seqs) -> str:
+    return (f"budget {budget}, running needs {running}, waiting prompts "
+            f"{waiting}, max_num_seqs {max_num_seqs}")
+
+
+def check_tokens_this_step(tokens_this_step, seed: int = 0,
+                           timeout: float = 20.0) -> CheckReport:
+    """Check ``tokens_this_step(budget, running, waiting, max_num_seqs)``
+    against the scheduler's ``num_scheduled_tokens``."""
+    fn = tokens_this_step
+    c = Checker("tokens_this_step", timeout=timeout)
+
+    def hand(*cases):
+        def body():
+            for args in cases:
+                want = _budget_reference(*args)
+                _check_budget_case(fn, *args, want, _budget_where(*args))
+        return body
+
+    def random_states():
+        states = _budget_states(seed, 150)
+        for budget, running, waiting, seqs, want in states:
+            if _budget_reference(budget, running, waiting, seqs) != want:
+                raise RuntimeError("the oracle and the scheduler disagree")
+            _check_budget_case(fn, budget, running, waiting, seqs, want,
+                               _budget_where(budget, running, waiting, seqs))
+
+    cases = _hand_states()
+    with c:
+        c.probe(hand(cases[0]))
+        c.prop("running first, then the queue in order, the last chunked",
+               hand(cases[0], cases[1], cases[4]),
+               hint="serve running requests first; then waiting ones in "
+                    "order, each min(prompt, budget left)")
+        c.prop("a running request mid-prompt gets the rest of its chunk",
+               hand(cases[2]))
+        c.prop("max_num_seqs counts running and admitted requests",
+               hand(cases[3], cases[5]))
+        c.prop("150 random states of a real scheduler: its "
+               "num_scheduled_tokens", random_states)
+    return c.report
+
+
+catalogue(check_tokens_this_step, BUDGET_MISTAKES)
+
+
+# ================================================== 3. the n > 1 fan-out
+
+def _fan_out_engine(request_id: str, n: int, seed):
+    """The ids and seeds the engine queues for one request with ``n``."""
+    engine = LLMEngine(_args(num_gpu_blocks_override=16, max_model_len=32),
+                       _model(), log_fn=lambda line: None)
+    params = SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=4)
+    engine.add_request(request_id, [1, 2, 3], sampling_params=params)
+    return [(r.request_id, r.sampling_params.seed)
+            for r in engine.scheduler.waiting]
+
+
+def _children(rid, n, seed, name="{i}_{rid}", first=0, step=1,
+              unseeded=None, fan_one=False):
+    """vLLM's fan-out, or (with other arguments) one mistake in it."""
+    if n == 1 and not fan_one:
+        return [(rid, seed)]
+    if seed is None:
+        seed = unseeded
+    return [(name.format(i=i + first, rid=rid),
+             None if seed is None else seed + step * (i + first))
+            for i in range(n)]
+
+
+FAN_OUT_MISTAKES = [
+    Mistake("the index after the id",
+            "vLLM names child i f\"{i}_{request_id}\": the index first",
+            lambda rid, n, seed: _children(rid, n, seed, "{rid}_{i}")),
+    Mistake("counted the children from 1",
+            "children are numbered 0..n-1",
+            lambda rid, n, seed: _children(rid, n, seed, first=1)),
+    Mistake("the same seed for every child",
+            "a seeded parent gives child i the seed seed + i; with one seed "
+            "for all, the n samples would be the same text n times",
+            lambda rid, n, seed: _children(rid, n, seed, step=0)),
+    Mistake("fanned out n = 1",
+            "with n = 1 there is no parent: the request keeps its id and "
+            "its seed",
+            lambda rid, n, seed: _children(rid, n, seed, fan_one=True)),
+    Mistake("invented seeds for an unseeded request",
+            "seed None stays None for every child: each then samples with "
+            "a seed of its own",
+            lambda rid, n, seed: _children(rid, n, seed, unseeded=0)),
+]
+
+
+FAN_OUT_PROBES = [("req", 3, 7), ("req", 3, None), ("solo", 1, 5)]
+
+
+def _check_fan_out_case(fn, rid, n, seed) -> None:
+    where = f"fan_out({rid!r}, {n}, {seed})"
+    want = _fan_out_engine(rid, n, seed)
+    got = fn(rid, n, seed)
+    try:
+        got = [(str(a), b) for a, b in got]
+    except (TypeError, ValueError):
+        raise AssertionError(f"{where}: returned {_short(got)}, expected a "
+                             "list of (child id, seed) pairs") from None
+    if got != want:
+        raise WrongAnswer(f"{where}: you gave {_short(got)}, the engine "
+                          f"queues {_short(want)}",
+                          name_mistake(got, (rid, n, seed), FAN_OUT_MISTAKES,
+                                       call=fn, probes=FAN_OUT_PROBES))
+
+
+def check_fan_out(fan_out, timeout: float = 20.0) -> CheckReport:
+    """Check ``fan_out(request_id, n, seed) -> [(child id, seed), ...]``
+    against the requests the engine queues."""
+    c = Checker("fan_out", timeout=timeout)
+
+    def cases(*args):
+        def body():
+            for a in args:
+                _check_fan_out_case(fan_out, *a)
+        return body
+
+    with _one_thread(), c:
+        c.probe(cases(("req", 3, 7)))
+        c.prop("seeded: ids {i}_{id}, seeds seed + i",
+               cases(("req", 3, 7), ("cmpl-9_a", 4, 0), ("x", 2, 2**40)))
+        c.prop("unseeded: every child's seed stays None",
+               cases(("req", 3, None)))
+        c.prop("n = 1: no children, the request as it is",
+               cases(("solo", 1, 5), ("solo", 1, None)))
+    return c.report
+
+
+catalogue(check_fan_out, FAN_OUT_MISTAKES)
+
+
+def _blocks_reference(prompt_len, n, block_size, num_tokens):
+    shared = (prompt_len - 1) // block_size
+    return shared + n * (cdiv(num_tokens, block_size) - shared)
+
+
+BLOCKS_MISTAKES = [
+    Mistake("no sharing",
+            "with prefix caching the children after the first hit its full "
+            "prompt blocks: those are held once",
+            lambda L, n, B, T: n * cdiv(T, B)),
+    Mistake("shared the last prompt block when the prompt fills it",
+            "a prefix hit never covers the whole prompt: the last token is "
+            "always computed, for its logits, so a prompt that ends on a "
+            "block boundary shares one block fewer, (prompt_len - 1) // "
+            "block_size",
+            lambda L, n, B, T: L // B + n * (cdiv(T, B) - L // B)),
+    Mistake("shared the partial tail block too",
+            "only full blocks are cached and shared; the block the prompt "
+            "ends in, and every block after, is each child's own",
+            lambda L, n, B, T: cdiv(L, B) + n * (cdiv(T, B) - cdiv(L, B))),
+    Mistake("blocks for the prompt alone",
+            "each child also holds the blocks of the tokens it has "
+            "generated since: cdiv(num_tokens, block_size) in all",
+            lambda L, n, B, T: _blocks_reference(L, n, B, L)),
+]
+
+
+def _blocks_engine(prompt_len, n, block_size, num_tokens, seed=0):
+    """Blocks the n children hold, in the engine, when each has the KV of
+    ``num_tokens`` tokens."""
+    rng = random.Random(seed)
+    args = _args(block_size=block_size, num_gpu_blocks_override=200,
+                 max_model_len=64, enable_prefix_caching=True,
+                 max_num_batched_tokens=256)
+    engine = LLMEngine(args, _model(), log_fn=lambda line: None)
+    params = SamplingParams(n=n, temperature=1.0, seed=seed,
+                            max_tokens=num_tokens - prompt_len + 2,
+                            ignore_eos=True)
+    engine.add_request("p", _prompt(rng, prompt_len), sampling_params=params)
+    for _ in range(num_tokens + 2):
+        engine.step()
+        computed = [r.num_computed_tokens for r in engine.scheduler.running]
+        if len(computed) == n and all(c == num_tokens for c in computed):
+            break
+    else:
+        raise RuntimeError("the children never reached num_tokens")  # ours
+    ids = {b for r in engine.scheduler.running
+           for b in engine.kv_cache_manager.get_block_ids(r.request_id)}
+    return len(ids)
+
+
+BLOCKS_PROBES = [(9, 3, 4, 9), (8, 3, 4, 8), (9, 3, 4, 13)]
+
+
+def _check_blocks_case(fn, L, n, B, T) -> None:
+    where = (f"blocks_in_use(prompt_len={L}, n={n}, block_size={B}, "
+             f"num_tokens={T})")
+    want = _blocks_engine(L, n, B, T)
+    if want != _blocks_reference(L, n, B, T):
+        raise RuntimeError(f"{where}: the oracle and the engine disagree")
+    got = expect_int(fn(L, n, B, T), where)
+    if got != want:
+        raise WrongAnswer(f"{where}: you said {got}, the engine's children "
+                          f"hold {want}",
+                          name_mistake(got, (L, n, B, T), BLOCKS_MISTAKES,
+                                       call=fn, probes=BLOCKS_PROBES))
+
+
+def check_blocks_in_use(blocks_in_use, timeout: float = 20.0) -> CheckReport:
+    """Check ``blocks_in_use(prompt_len, n, block_size, num_tokens)``
+    against the blocks an engine's n children hold."""
+    c = Checker("blocks_in_use", timeout=timeout)
+
+    def cases(*args):
+        def body():
+            for a in args:
+                _check_blocks_case(blocks_in_use, *a)
+        return body
+
+    with _one_thread(), c:
+        c.probe(cases((9, 3, 4, 9)))
+        c.prop("right after the prompt: full blocks once, tails each",
+               cases((9, 3, 4, 9), (11, 4, 4, 11)))
+        c.prop("a prompt that ends on a block boundary",
+               cases((8, 3, 4, 8), (16, 2, 8, 16)))
+        c.prop("after some generated tokens",
+               cases((9, 3, 4, 13), (6, 4, 4, 17), (12, 2, 4, 14)))
+    return c.report
+
+
+catalogue(check_blocks_in_use, BLOCKS_MISTAKES)
+
+
+# ================================================== 4. reading a log line
+
+#: The verdicts ``diagnose`` may return.
+VERDICTS = ("pool too small", "memory-bound", "queue-bound", "healthy")
+#: KV cache usage, in percent as the line prints it, that counts as full.
+HIGH_USAGE = 90.0
+
+_FIELD = {
+    "running": re.compile(r"Running: (\d+) reqs"),
+    "waiting": re.compile(r"Waiting: (\d+) reqs"),
+    "preemptions": re.compile(r"Preemptions: (\d+)"),
+    "usage": re.compile(r"KV cache usage: ([\d.]+)%"),
+}
+
+
+def _fields(line: str) -> dict:
+    got = {}
+    for key, pattern in _FIELD.items():
+        m = pattern.search(line)
+        got[key] = float(m.group(1)) if m else 0.0
+    return got
+
+
+def _verdict(line: str, order=("pre", "wait"), high=HIGH_USAGE,
+             by_usage=False) -> str:
+    f = _fields(line)
+    if by_usage:
+        return "pool too small" if f["usage"] >= high else (
+            "queue-bound" if f["waiting"] else "healthy")
+    for rule in order:
+        if rule == "pre" and f["preemptions"]:
+            return "pool too small"
+        if rule == "wait" and f["waiting"]:
+            return "memory-bound" if f["usage"] >= high else "queue-bound"
+    return "healthy"
+
+
+DIAGNOSE_MISTAKES = [
+    Mistake("looked at the waiting queue before the preemptions",
+            "a preempted request waits too, so a line with preemptions "
+            "usually has waiting requests: test Preemptions first",
+            lambda line: _verdict(line, order=("wait", "pre"))),
+    Mistake("read the usage as a fraction",
+            "the line prints a percentage (\"KV cache usage: 42.0%\"): "
+            "compare it with 90, not 0.9",
+            lambda line: _verdict(line, high=0.9)),
+    Mistake("judged by the usage alone",
+            "a pool may run at 95% and serve everyone: it is too small only "
+            "when it preempts; high usage with a queue is memory-bound",
+            lambda line: _verdict(line, by_usage=True)),
+    Mistake("ignored the preemptions",
+            "\"Preemptions: N\" appears only when the interval had some: "
+            "look for it, and treat its absence as 0",
+            lambda line: _verdict(line, order=("wait",))),
+]
+
+
+def _engine_lines(seed: int = 0) -> list:
+    """Log lines from engine runs with known settings; each comes with the
+    ``EngineStats`` it prints."""
+    rng = random.Random(seed)
+    runs = [
+        # too small: 4 long requests in 11 usable blocks
+        (_args(num_gpu_blocks_override=12, max_model_len=32), 6, 20, 3),
+        # queue-bound: room for all, but max_num_seqs 2
+        (_args(num_gpu_blocks_override=80, max_model_len=32, max_num_seqs=2,
+               max_num_batched_tokens=16), 6, 10, 2),
+        # healthy, prefix caching on
+        (_args(num_gpu_blocks_override=80, max_model_len=32,
+               enable_prefix_caching=True), 3, 8, 2),
+        # memory-bound moments: the pool nearly full, requests waiting
+        (_args(num_gpu_blocks_override=16, max_model_len=40,
+               max_num_batched_tokens=16), 5, 24, 2),
+    ]
+    lines = []
+    for args, count, max_tokens, every in runs:
+        printed = []
+        engine = LLMEngine(args, _model(), log_fn=printed.append)
+        for i in range(count):
+            engine.add_request(f"r{i}", _prompt(rng, rng.randrange(4, 9)),
+                               max_tokens=max_tokens, ignore_eos=True)
+        step = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            step += 1
+            if step % every == 0:
+                stats = engine.log_stats()
+                lines.append((printed[-1], stats))
+    return lines
+
+
+def _built_lines() -> list:
+    """Lines built from chosen numbers, one or more per verdict."""
+    def line(run, wait, pre, usage, hit=None):
+        stats = EngineStats(step=40, num_running=run, num_waiting=wait,
+                            kv_cache_usage=usage, num_preemptions=pre,
+                            num_preemptions_interval=pre,
+                            prefix_cache_hit_rate=hit,
+                            prompt_throughput=812.4,
+                            generation_throughput=355.0)
+        return stats.log_line(), stats
+    return [line(12, 0, 0, 0.95), line(12, 5, 0, 0.97, 0.31),
+            line(4, 7, 0, 0.31), line(9, 3, 2, 0.99), line(9, 3, 1, 0.62),
+            line(3, 0, 0, 0.05, 0.0), line(8, 0, 1, 0.70)]
+
+
+def _expected_verdict(stats: EngineStats) -> str:
+    usage = round(stats.kv_cache_usage * 100, 1)
+    if stats.num_preemptions_interval:
+        return "pool too small"
+    if stats.num_waiting:
+        return "memory-bound" if usage >= HIGH_USAGE else "queue-bound"
+    return "healthy"
+
+
+MISSING_PREEMPTIONS = Mistake(
+    "expected a Preemptions part in every line",
+    "vLLM prints \"Preemptions: N\" only when the interval had some "
+    "(\"if self.num_preemptions > 0\"): when it is missing, N is 0")
+
+
+def _check_lines(fn, lines) -> None:
+    probes = [(line,) for line, _ in _built_lines()]
+    for line, stats in lines:
+        want = _expected_verdict(stats)
+        if _verdict(line) != want:
+            raise RuntimeError(f"the oracles disagree on {line!r}")
+        where = f"on \u00ab{line}\u00bb"
+        try:
+            got = fn(line)
+        except Exception as exc:  # noqa: BLE001 -- a crash on this line
+            if "Preemptions" in line:
+                raise
+            tb = exc.__traceback__
+            while tb.tb_next is not None:
+                tb = tb.tb_next
+            raise WrongAnswer(
+                f"{where}: raised {type(exc).__name__}: {exc} (line "
+                f"{tb.tb_lineno} in {tb.tb_frame.f_code.co_name})",
+                MISSING_PREEMPTIONS.diagnosis()) from None
+        if got != want:
+            if got not in VERDICTS:
+                raise AssertionError(f"{where}: returned {_short(got)}, not "
+                                     f"one of {VERDICTS}")
+            raise WrongAnswer(f"{where}: you said {got!r}, expected "
+                              f"{want!r}",
+                              name_mistake(got, (line,), DIAGNOSE_MISTAKES,
+                                           call=fn, probes=probes))
+
+
+def check_diagnose(diagnose, seed: int = 0,
+                   timeout: float = 20.0) -> CheckReport:
+    """Check ``diagnose(line) -> verdict`` on lines the engine printed and
+    on lines built from chosen numbers."""
+    c = Checker("diagnose", timeout=timeout)
+    built = _built_lines()
+
+    def engine_lines():
+        lines = _engine_lines(seed)
+        kinds = {_expected_verdict(s) for _, s in lines}
+        if kinds != set(VERDICTS):
+            raise RuntimeError(f"the runs show only {sorted(kinds)}")
+        _check_lines(diagnose, lines)
+
+    with _one_thread(), c:
+        c.probe(lambda: diagnose(built[0][0]))
+        c.prop("healthy and queue-bound (no preemptions)",
+               lambda: _check_lines(diagnose, [built[0], built[2],
+                                               built[5]]))
+        c.prop("memory-bound: a queue behind a full pool",
+               lambda: _check_lines(diagnose, [built[1]]))
+        c.prop("pool too small: the interval preempted",
+               lambda: _check_lines(diagnose, [built[3], built[4],
+                                               built[6]]))
+        c.prop("lines from engine runs with known settings", engine_lines)
+    return c.report
+
+
+catalogue(check_diagnose, [MISSING_PREEMPTIONS], DIAGNOSE_MISTAKES)
