@@ -1,6 +1,6 @@
 """``python -m tools.fuzz``: fuzz the targets, replay the corpus, rewrite the seeds.
 
-    run [TARGET ...] --seconds S --seed N   each target for S seconds in its own process, one after another;
+    run [TARGET ...] --seconds S --seed N   each target for S seconds in its own process (--jobs at once);
                                             a summary line per target; exit 1 on a violation
     replay [TARGET ...] [--slack K]         every committed input (or --corpus DIR's) once; exit 1 on a violation
     seeds                                   rewrite the seed-* inputs of corpus/ (tools/fuzz/seeds.py)
@@ -59,7 +59,7 @@ def _worker(args) -> None:
 
     target = TARGETS[args.target]
     committed = CORPUS / target.name
-    for seed in sorted(committed.iterdir()):  # warm the lazy imports before any input is timed
+    for seed in sorted(committed.glob("seed-*")):  # warm the lazy imports before any input is timed
         try:
             target.run(seed.read_bytes())
         except Violation:
@@ -68,7 +68,8 @@ def _worker(args) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     artifacts = BUILD / target.name
     artifacts.mkdir(parents=True, exist_ok=True)
-    flags = [sys.argv[0], str(scratch), str(committed), f"-seed={args.seed}", f"-max_total_time={args.seconds}",
+    corpora = [str(scratch)] if args.fresh else [str(scratch), str(committed)]
+    flags = [sys.argv[0], *corpora, f"-seed={args.seed}", f"-max_total_time={args.seconds}",
              f"-timeout={WALL_TIMEOUT_S}", "-rss_limit_mb=2048", f"-max_len={target.max_len}",
              f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     dictionary = HERE / "dicts" / f"{target.name}.dict"
@@ -128,27 +129,40 @@ def summarize(name: str, log: str, rc: int, seconds: float) -> tuple[bool, str]:
                    f"input: {artifact.group(1) if artifact else 'not written'}")
 
 
+def _start(name: str, args) -> tuple[subprocess.Popen, Path, float]:
+    """Start one target's worker, its output going to ``_build/fuzz/<name>.log``."""
+    cmd = [sys.executable, "-m", "tools.fuzz", "_worker", name, "--seconds", str(args.seconds),
+           "--seed", str(args.seed)]
+    if args.fresh:  # a short run starts from the seeds and the fixed violations (the replay test has the rest)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=BUILD))
+        for f in (CORPUS / name).iterdir():
+            if f.name.startswith(("seed-", "hostile-", "crash-")):
+                shutil.copy(f, scratch / f.name)
+        cmd.append("--fresh")
+    else:
+        scratch = BUILD / name / "corpus"
+    cmd += ["--scratch", str(scratch)] + (["--keep-going"] if args.keep_going else [])
+    with (BUILD / f"{name}.log").open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    return proc, scratch, time.monotonic()
+
+
 def run(args) -> int:
-    ok_all = True
+    """Each target in its own process, ``args.jobs`` at a time; a summary line per target, in order."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    for name in args.targets or NAMES:
-        scratch = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=BUILD)) if args.fresh else BUILD / name / "corpus"
-        cmd = [sys.executable, "-m", "tools.fuzz", "_worker", name, "--seconds", str(args.seconds),
-               "--seed", str(args.seed), "--scratch", str(scratch)]
-        start = time.monotonic()
-        if args.keep_going:
-            cmd.append("--keep-going")
-        logfile = BUILD / f"{name}.log"
-        with logfile.open("w") as out:
-            rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
-        log = logfile.read_text(errors="replace")
-        ok, line = summarize(name, log, rc, time.monotonic() - start)
-        if args.fresh:
-            shutil.rmtree(scratch, ignore_errors=True)
-        print(line, flush=True)
-        if not ok:
-            print("\n".join(log.splitlines()[-40:]), file=sys.stderr)
-        ok_all &= ok
+    names, ok_all = list(args.targets or NAMES), True
+    for i in range(0, len(names), args.jobs):
+        batch = [(name, *_start(name, args)) for name in names[i:i + args.jobs]]
+        for name, proc, scratch, start in batch:
+            rc = proc.wait()
+            log = (BUILD / f"{name}.log").read_text(errors="replace")
+            ok, line = summarize(name, log, rc, time.monotonic() - start)
+            if args.fresh:
+                shutil.rmtree(scratch, ignore_errors=True)
+            print(line, flush=True)
+            if not ok:
+                print("\n".join(log.splitlines()[-40:]), file=sys.stderr)
+            ok_all &= ok
     return 0 if ok_all else 1
 
 
@@ -186,7 +200,9 @@ def main(argv=None) -> int:
     p.add_argument("targets", nargs="*", default=[])
     p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--fresh", action="store_true", help="start from the committed corpus only (a new scratch dir)")
+    p.add_argument("--jobs", type=int, default=1, help="targets fuzzed at once (one core each)")
+    p.add_argument("--fresh", action="store_true",
+                   help="a new scratch dir holding the seeds and fixed violations only (not cov-* inputs)")
     p.add_argument("--keep-going", action="store_true",
                    help="on a violation, write the input (one per kind of violation) and fuzz on")
     p = sub.add_parser("replay")
@@ -202,6 +218,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--scratch", required=True)
     p.add_argument("--keep-going", action="store_true")
+    p.add_argument("--fresh", action="store_true", help="fuzz from --scratch alone, not the committed corpus")
     args, _ = parser.parse_known_args(argv)
     unknown = sorted(set(getattr(args, "targets", [])) - set(NAMES))
     if unknown:
