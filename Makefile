@@ -42,7 +42,7 @@ book: $(STAMP)
 test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site
 
 test-lib: $(STAMP)
-	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider
+	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider -n 2 --dist loadfile
 
 # Coverage-guided fuzzing (atheris) of what reads untrusted input: GGUF files,
 # config.json + safetensors, chat templates, SamplingParams and LLM arguments
@@ -81,7 +81,7 @@ test-citations: $(STAMP)
 	$(PY) -m tools.citations --check
 
 test-notebooks: $(STAMP)
-	$(PY) -m pytest $(NBVAL) -q $(NOTEBOOKS)
+	$(PY) -m pytest $(NBVAL) -q -n 2 --dist loadfile $(NOTEBOOKS)
 
 test-book: $(STAMP)
 	$(PY) -m tools.notebooks check-toc
