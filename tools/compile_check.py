@@ -13,7 +13,22 @@ integers, integers equal to 1) is the one a launch gets.
 
 A case FAILS on a compile error, on shared memory over the target's opt-in
 maximum per program, on more than 255 registers, or on any spill in a
-bf16/fp16 attention kernel with head_dim <= 128. ``--quick`` compiles the
+bf16/fp16 attention kernel with head_dim <= 128. The check also reads the
+attention kernel's structure, and fails when it is wrong even if it fits:
+
+- every K/V copy of the main loop is a 16-byte ``cp.async`` (counted in the
+  PTX: ``cp.async.*.shared.global [..], [..], 16``), not only ``ld.global.v4``;
+- a 2-byte decode or split-KV loop keeps at least two K/V buffers in flight
+  (fp32, the exactness path, has one at head_dim 256: three stages of its
+  tiles would not fit an A100's shared memory);
+- no tensor-core (MMA) layout is replicated: the rows one layout covers
+  (``warpsPerCTA[0] x instrShape[0]`` in the TTGIR) are at most the tile's
+  ``BLOCK_M``; more means several warps compute the same rows (on sm_90 a
+  64-row tile with 8 warps computed QK^T and the softmax twice).
+
+It records the main loop's instruction count (the cubin disassembled with the
+``nvdisasm`` bundled in the triton wheel; the loop is the longest backward
+branch) per target, so a change in the loop shows in the report. ``--quick`` compiles the
 representative subset ``make test`` runs; the full set is ``make
 test-compile``. ``--write`` stores the report as ``book/compile_report.json``
 and re-renders ``book/benchmarks.md``; ``--check`` fails if a compiled case
@@ -121,7 +136,7 @@ def _attention_cases(dtype_name, head_dim, block_size, kind, quick):
 
 # The quick set (make test): every dtype at head_dim 128, bf16 at 64 and 256,
 # fp32's largest prefill (the shared-memory risk), split-KV and the merge,
-# and the three block sizes once.
+# the three block sizes once, and bf16 decode at a padded head_dim (96).
 _QUICK_ATTENTION = {
     *((dt, 128, 16, kind) for dt in DTYPES for kind in ("decode", "prefill")),
     *(("bf16", hd, 16, kind) for hd in (64, 256) for kind in ("decode", "prefill")),
@@ -139,6 +154,8 @@ def library_cases():
                     quick = (dt, hd, block, kind) in _QUICK_ATTENTION
                     cases += [c for c in _attention_cases(dt, hd, block, kind, quick)
                               if not (c.info["kind"] == "merge" and block != 16)]  # merge ignores blocks
+    for kind in ("decode", "prefill", "split"):  # a padded head_dim (Phi-3's 96): 128 with a mask
+        cases += [c for c in _attention_cases("bf16", 96, 16, kind, kind == "decode")]
     for elem, dtype in ((1, torch.int8), (2, torch.bfloat16), (4, torch.float32), (8, torch.float64)):
         for block in (1, 16, 128):
             like = _meta(2, block, KV_HEADS, 128, dtype=dtype)
@@ -265,8 +282,16 @@ def all_cases(quick: bool):
 # ----------------------------------------------------------------- compiling
 
 def _as_jit(kernel) -> JITFunction:
-    """The compiler's view of a kernel; on a CPU ``@triton.jit`` made an interpreter wrapper."""
-    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+    """The compiler's view of a kernel; on a CPU ``@triton.jit`` made an interpreter wrapper.
+
+    The wrapper keeps the decorator's arguments: ``do_not_specialize`` changes
+    the compiled kernel (and how many a serving run compiles), so it is passed on.
+    """
+    if isinstance(kernel, JITFunction):
+        return kernel
+    given = getattr(kernel, "kwargs", None) or {}
+    keep = {k: given[k] for k in ("do_not_specialize", "do_not_specialize_on_alignment") if given.get(k)}
+    return JITFunction(kernel.fn, **keep)
 
 
 @contextlib.contextmanager
@@ -301,6 +326,64 @@ def kv_buffers(ttgir: str, tile_n: int, head_dim: int) -> int:
 
 
 _VEC16 = re.compile(r"ld\.global(?:\.[a-z0-9_:]+)*\.(?:v4\.[bfu]32|v2\.[bfu]64)\b")
+# cp.async.{ca,cg}.shared.global [dst], [src], BYTES(, src_size)?; BYTES as 16 or 0x10
+_CP_ASYNC = re.compile(r"cp\.async\.c[ag]\.shared\.global(?:\.[a-z0-9_:]+)*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-fA-F]+|\d+)")
+_MMA_LAYOUT = re.compile(r"#ttg\.nvidia_mma<\{([^}]*)\}>")
+
+
+def cp_async_sizes(ptx: str) -> dict[int, int]:
+    """How many ``cp.async`` copies of each size (bytes) the PTX holds."""
+    sizes: dict[int, int] = {}
+    for n in _CP_ASYNC.findall(ptx):
+        sizes[int(n, 0)] = sizes.get(int(n, 0), 0) + 1
+    return sizes
+
+
+def mma_rows(ttgir: str) -> list[int]:
+    """Rows each tensor-core layout of the TTGIR covers: warpsPerCTA[0] x instrShape[0]."""
+    rows = []
+    for body in _MMA_LAYOUT.findall(ttgir):
+        warps = re.search(r"warpsPerCTA = \[(\d+),", body)
+        instr = re.search(r"instrShape = \[(\d+),", body)
+        if warps and instr:
+            rows.append(int(warps.group(1)) * int(instr.group(1)))
+    return rows
+
+
+def _nvdisasm() -> str:
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not path.exists():
+        raise CompileCheckError(f"no nvdisasm in the triton wheel at {path}")
+    return str(path)
+
+
+def main_loop(cubin: bytes) -> list[str]:
+    """The SASS instructions of the kernel's main loop: the longest backward branch (empty: no loop)."""
+    import subprocess
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([_nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update((p, addr) for p in pending)
+            pending = []
+            ins.append((addr, m.group(2)))
+    best = None
+    for addr, text in ins:
+        b = re.search(r"\bBRA\b.*?\((\.L_x_\d+)\)", text)
+        if b and b.group(1) in labels and labels[b.group(1)] < addr:
+            if best is None or addr - labels[b.group(1)] > best[1] - best[0]:
+                best = (labels[b.group(1)], addr)
+    return [] if best is None else [t for a, t in ins if best[0] <= a <= best[1]]
 
 
 def compile_case(case: Case, target: str) -> dict:
@@ -332,7 +415,13 @@ def compile_case(case: Case, target: str) -> dict:
                vec16_loads=len(_VEC16.findall(kernel.asm["ptx"])))
     tiles = case.info.get("tiles")
     if case.info.get("kind") in ("decode", "prefill", "split") and tiles:
-        out["kv_buffers"] = kv_buffers(kernel.asm["ttgir"], tiles["tile_n"], case.info["head_dim"])
+        head_dim_p2 = triton.next_power_of_2(case.info["head_dim"])
+        out["kv_buffers"] = kv_buffers(kernel.asm["ttgir"], tiles["tile_n"], head_dim_p2)
+        sizes = cp_async_sizes(kernel.asm["ptx"])
+        out["cp_async16"] = sizes.pop(16, 0)
+        out["cp_async_narrow"] = sum(sizes.values())  # copies of 4 or 8 bytes
+        out["mma_rows"] = max(mma_rows(kernel.asm["ttgir"]), default=0)
+        out["loop_sass"] = len(main_loop(kernel.asm["cubin"]))
     return out
 
 
@@ -347,6 +436,18 @@ def violations(case: Case, target: str, fig: dict) -> list[str]:
         bad.append(f"{fig['regs']} registers, over {MAX_REGISTERS}")
     if case.strict_spills and fig["spills"]:
         bad.append(f"{fig['spills']} B of spills (bf16/fp16 attention at head_dim <= 128 may not spill)")
+    tiles = case.info.get("tiles")
+    if "cp_async16" in fig:
+        if not fig["cp_async16"] or fig["cp_async_narrow"]:
+            bad.append(f"K/V copies are not all 16 bytes: {fig['cp_async16']} cp.async of 16 B, "
+                       f"{fig['cp_async_narrow']} narrower")
+        if (case.info.get("kind") in ("decode", "split") and case.info.get("dtype") in ("bf16", "fp16")
+                and fig["kv_buffers"] < 2):
+            bad.append(f"{fig['kv_buffers']} K/V buffer(s) in the decode loop: at least 2 keep a copy "
+                       "in flight while a tile computes")
+        if tiles and fig["mma_rows"] > tiles["block_m"]:
+            bad.append(f"replicated MMA layout: it covers {fig['mma_rows']} rows of a {tiles['block_m']}-row "
+                       "tile, so warps compute the same rows twice")
     return [f"{case.name} [{target}]: {b}" for b in bad]
 
 
@@ -391,11 +492,49 @@ def _pool_compile(item):
     return _try_compile(_POOL_CASES[i], target)
 
 
+# ----------------------------------------------------------------- variants a serving run compiles
+
+def serving_variants(per_sm: int, num_sms: int = 132) -> dict:
+    """Distinct compiled kernels a decode serving run on an H200 asks for: batch 1-64 x context 1k-32k.
+
+    Each launch is planned as the runtime plans it (the split count from
+    ``choose_splits`` with ``per_sm`` resident programs per SM, the decode row's
+    figure) and bound with Triton's own binder; two launches share a compiled
+    kernel when their specialisation (constexprs, dtypes, integer and alignment
+    properties) and options are equal. The block table has an engine's fixed
+    width (32k tokens of blocks of 16, plus one column).
+    """
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    keys: dict[str, set] = {}
+    splits = set()
+    width = 32768 // 16 + 1
+    for batch in range(1, 65):
+        for ctx in range(1024, 32769, 1024):
+            tile_n = attn.plan_attention(HEADS, KV_HEADS, [1] * batch, [ctx + 1] * batch, 1).tile_n
+            n = attn.choose_splits(batch * KV_HEADS, ctx + 1, tile_n, per_sm * num_sms)
+            splits.add(n)
+            plan = attn.plan_attention(HEADS, KV_HEADS, [1] * batch, [ctx + 1] * batch, n)
+            q, cache = _meta(batch, HEADS, 128), _meta(1, 16, KV_HEADS, 128)
+            for kernel, _grid, args, kwargs in attn.kernel_launches(
+                    plan, q, cache, cache, _meta(batch, width, dtype=torch.int32),
+                    _meta(batch, dtype=torch.int32), _meta(batch + 1, dtype=torch.int32), 128 ** -0.5, q,
+                    interpreted=False):
+                jf = _as_jit(kernel)
+                _bound, spec, opts = create_function_from_signature(jf.signature, jf.params, backend)(*args, **kwargs)
+                keys.setdefault(jf.fn.__name__, set()).add(str(spec) + str(opts))
+    return dict(per_sm=per_sm, split_counts=sorted(splits), kernels={k: len(v) for k, v in sorted(keys.items())},
+                total=sum(len(v) for v in keys.values()))
+
+
 # ----------------------------------------------------------------- the report
 
 def make_report(rows: list[dict]) -> dict:
     targets = {t: dict(cap=cap, gpu=gpu, **vars(attn.SM_LIMITS[cap])) for t, (cap, gpu) in TARGETS.items()}
-    return dict(triton=triton.__version__, targets=targets, rows=rows)
+    report = dict(triton=triton.__version__, targets=targets, rows=rows)
+    decode = next((r for r in rows if r["name"] == "decode 64 x 4k bf16 d128 b16"), None)
+    if decode is not None:
+        report["serving_variants"] = serving_variants(decode["sm_90"]["resident"])
+    return report
 
 
 def stale_rows(rows: list[dict], committed: dict) -> list[str]:

@@ -78,10 +78,16 @@ def test_dtypes_accumulate_in_fp32(dtype):
     assert out.dtype == dtype
 
 
-@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 96, 112, 128, 256])
 def test_head_dims(head_dim):
+    # 80, 96 and 112 (Phi-2, Phi-3, ...) are padded to the next power of two, the extra dims masked.
     case, dense = make_case([5, 1], [11, 30], heads=4, kv_heads=1, head_dim=head_dim, seed=head_dim)
     check_all_three(case, dense, torch.float32)
+
+
+def test_padded_head_dim_in_bf16_with_split_kv():
+    case, dense = make_case([1, 3], [200, 40], heads=8, kv_heads=2, head_dim=96, dtype=torch.bfloat16, seed=9)
+    check_all_three(case, dense, torch.bfloat16, num_splits=3)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 8])
@@ -192,9 +198,10 @@ def test_malformed_metadata_is_refused():
 
 def test_bad_head_dim_and_devices():
     case, _ = make_case([1], [5], head_dim=16)
-    c = dict(case, q=torch.zeros(1, 4, 48, device=DEV), key_cache=torch.zeros(3, 16, 2, 48, device=DEV),
-             value_cache=torch.zeros(3, 16, 2, 48, device=DEV))
-    _refused(c, ValueError, "power of two", "48")
+    for dim in (44, 264):  # not a multiple of 8; over 256
+        c = dict(case, q=torch.zeros(1, 4, dim, device=DEV), key_cache=torch.zeros(3, 16, 2, dim, device=DEV),
+                 value_cache=torch.zeros(3, 16, 2, dim, device=DEV))
+        _refused(c, ValueError, "head_dim must be one of 16, 24, 32", "80, 88, 96", f"got {dim}")
     _refused(dict(case, q=case["q"].to("meta")), ValueError, "q is on the meta device")
     if DEV.type == "cpu":
         return

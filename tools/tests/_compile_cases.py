@@ -40,6 +40,23 @@ def _oversized_attention() -> cc.Case:
     return cc.Case("injected fp32 d256 128-key tiles", kernel, args, kwargs, info)
 
 
+def _attention_case(kind="decode", **plan_changes) -> cc.Case:
+    """The committed bf16 d128 b16 row of ``kind``, its plan changed as given (an injected regression)."""
+    case = next(c for c in cc.all_cases(quick=True) if c.name == f"{kind} {'64 x 4k' if kind == 'decode' else '4 x 2k'} bf16 d128 b16")
+    tiles = dict(case.info["tiles"], **plan_changes)
+    kwargs = dict(case.kwargs, num_stages=tiles["num_stages"], num_warps=tiles["num_warps"], BLOCK_M=tiles["block_m"],
+                  BLOCK_Q=tiles["block_m"] // 4)
+    return cc.Case(f"injected {kind} {plan_changes}", case.kernel, case.args, kwargs, dict(case.info, tiles=tiles))
+
+
+def _unaligned_decode() -> cc.Case:
+    case = _attention_case()
+    cache = torch.empty(1 * 16 * 8 * 128 + 1, dtype=torch.bfloat16)[1:].view(1, 16, 8, 128)  # 2 B off
+    args = list(case.args)
+    args[1] = args[2] = cache
+    return cc.Case("injected unaligned caches", case.kernel, tuple(args), case.kwargs, case.info)
+
+
 def _copy_aligned_and_not():
     case = next(c for c in cc.library_cases() if c.name == "copy_blocks 2-byte b16")
     return [case, cc.Case("unaligned", case.kernel, case.args, dict(case.kwargs, ALIGNED=False))]
@@ -61,6 +78,12 @@ def main(name: str) -> dict:
         except Exception as exc:  # a cell that does not decorate in compiled mode, or has no arguments
             return dict(rows=[], failures=[f"{type(exc).__name__}: {exc}"], triton=triton.__version__)
         rows, failures = cc.run_cases(cases, targets=("sm_90",))
+    elif name == "narrow_copies":
+        rows, failures = cc.run_cases([_unaligned_decode()], targets=("sm_90",))
+    elif name == "one_buffer":
+        rows, failures = cc.run_cases([_attention_case(num_stages=1)], targets=("sm_90",))
+    elif name == "replicated":
+        rows, failures = cc.run_cases([_attention_case("prefill", block_m=64)])
     elif name == "copy":
         rows, failures = cc.run_cases(_copy_aligned_and_not(), targets=("sm_90",))
     else:

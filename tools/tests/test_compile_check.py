@@ -117,10 +117,56 @@ def test_copy_blocks_moves_16_bytes_per_load_when_aligned():
 
 def test_split_kv_fills_the_resident_capacity_not_the_sm_count():
     # 17 decode requests x 8 KV heads = 136 programs: more than an H200's 132
-    # SMs, but under its 3 x 132 resident programs, so the keys are split.
-    assert attn.choose_splits(136, 4096, 64, capacity=3 * 132) == 3
+    # SMs, but under its 3 x 132 resident programs, so the keys are split, into
+    # as many segments as fit one wave: 2 x 136 = 272 <= 396 (3 would be 408).
+    assert attn.choose_splits(136, 4096, 64, capacity=3 * 132) == 2
+    assert all(attn.choose_splits(p, 32768, 32, 6 * 132) * p <= 6 * 132 for p in range(1, 6 * 132))
     assert attn.choose_splits(3 * 132, 4096, 64, capacity=3 * 132) == 1  # already full
     assert attn.choose_splits(8, 1024, 64, capacity=3 * 132) == 1  # short sequences never split
     assert attn.choose_splits(8, 16384, 64, capacity=4 * 132) == 64  # capped at 64 segments
     rule = attn.split_rule(3, 132)
     assert "resident" in rule and "3 programs per SM x 132 SMs = 396" in rule
+
+
+# ------------------------------------------------------------------ structure, injected regressions
+
+def test_the_committed_attention_rows_pass_the_structure_checks():
+    for row in _committed()["rows"]:
+        if row.get("kind") not in ("decode", "prefill", "split"):
+            continue
+        for t in cc.TARGETS:
+            fig = row[t]
+            assert fig["cp_async16"] > 0 and fig["cp_async_narrow"] == 0, (row["name"], t)
+            assert fig["mma_rows"] <= row["tiles"]["block_m"], (row["name"], t)
+            assert fig["loop_sass"] > 0, (row["name"], t)
+            if row["kind"] != "prefill" and row["dtype"] != "fp32":
+                assert fig["kv_buffers"] >= 2, (row["name"], t)
+
+
+def test_an_injected_unaligned_cache_fails_on_narrow_copies():
+    # The same decode launch with the caches one element off a 16-byte boundary:
+    # Triton can no longer prove alignment: no 16-byte cp.async is left (a 2-byte
+    # piece cannot be a cp.async at all, so K/V go through plain loads).
+    got = _compile("narrow_copies")
+    fig = got["rows"][0]["sm_90"]
+    assert fig["cp_async16"] == 0 or fig["cp_async_narrow"] > 0
+    assert any("K/V copies are not all 16 bytes" in f for f in got["failures"]), got["failures"]
+
+
+def test_an_injected_single_buffer_decode_fails():
+    got = _compile("one_buffer")  # decode at num_stages=1: nothing loads ahead
+    assert got["rows"][0]["sm_90"]["kv_buffers"] < 2
+    assert any("K/V buffer(s) in the decode loop" in f for f in got["failures"]), got["failures"]
+
+
+def test_an_injected_replicated_mma_layout_fails_on_sm90_only():
+    # The old prefill tile: 64 rows with 8 warps. sm_90's wgmma layout puts the
+    # 8 warps along the rows, 128 of them, so the tile is computed twice.
+    got = _compile("replicated")
+    row = got["rows"][0]
+    assert row["sm_90"]["mma_rows"] == 128 and row["sm_80"]["mma_rows"] <= 64
+    assert [f for f in got["failures"] if "replicated MMA layout" in f] == [
+        f for f in got["failures"] if "sm_90" in f and "replicated" in f]
+    assert any("replicated MMA layout: it covers 128 rows of a 64-row tile" in f and "[sm_90]" in f
+               for f in got["failures"]), got["failures"]
+    assert not any("[sm_80]" in f for f in got["failures"]), got["failures"]

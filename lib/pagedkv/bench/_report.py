@@ -192,11 +192,15 @@ def _compile(report: dict) -> list[str]:
         f"A program may use at most {t['sm_90']['shared_per_block']:,} B of shared memory on sm_90 "
         f"and {t['sm_80']['shared_per_block']:,} B on sm_80. K/V buffers: the K and V tiles the "
         "compiled loop keeps in flight (2 or more: the next tiles load while one computes). "
+        "Loop: the SASS instructions of the attention kernel's main loop (one iteration), from the cubin "
+        "disassembled with the triton wheel's `nvdisasm`. The check also fails an attention kernel whose K/V "
+        "copies are not all 16-byte `cp.async`, whose 2-byte decode loop has fewer than two K/V buffers, or "
+        "whose tensor-core layout covers more rows than its tile. "
         "A compile analysis is not a timing.",
         "",
         "| configuration | rows x keys, warps, stages | sm_90: regs / spills (B) / shared (KB) / programs per SM "
-        "| sm_80: the same | K/V buffers |",
-        "| --- | --- | --- | --- | ---: |",
+        "| sm_80: the same | K/V buffers | loop, sm_90 / sm_80 |",
+        "| --- | --- | --- | --- | ---: | ---: |",
     ]
     for r in report["rows"]:
         tiles = r.get("tiles")
@@ -204,11 +208,20 @@ def _compile(report: dict) -> list[str]:
                  if tiles else "-")
         cells = [f"{r[t]['regs']} / {r[t]['spills']:,} / {_kb(r[t]['shared'])} / {r[t]['resident']}"
                  for t in ("sm_90", "sm_80")]
-        lines.append(f"| {r['name']} | {shape} | {cells[0]} | {cells[1]} | {r['sm_90'].get('kv_buffers', '-')} |")
+        loop = (f"{r['sm_90']['loop_sass']} / {r['sm_80']['loop_sass']}" if "loop_sass" in r["sm_90"] else "-")
+        lines.append(f"| {r['name']} | {shape} | {cells[0]} | {cells[1]} | {r['sm_90'].get('kv_buffers', '-')} "
+                     f"| {loop} |")
     copies = [r for r in report["rows"] if r["name"].startswith("copy_blocks") and r["name"].endswith("b16")]
     if copies:
         lines += ["", "16-byte global loads per program of `copy_blocks` (sm_90 PTX, blocks of 16 tokens): "
                   + ", ".join(f"{r['dtype']} caches {r['sm_90']['vec16_loads']}" for r in copies) + "."]
+    variants = report.get("serving_variants")
+    if variants:
+        kinds = ", ".join(f"{n} of `{k}`" for k, n in variants["kernels"].items())
+        lines += ["", f"Kernels a decode serving run compiles (batch 1-64 x context 1k-32k, bf16, head_dim 128, "
+                  f"blocks of 16, an H200 at {variants['per_sm']} programs per SM): {variants['total']} ({kinds}), "
+                  f"over {len(variants['split_counts'])} split counts; from Triton's own argument binder "
+                  "(`serving_variants` in `tools/compile_check.py`)."]
     return lines + [""] + _compile_notes(report)
 
 

@@ -23,11 +23,17 @@ The grid, as in vLLM's unified Triton kernel (simplified):
 * scores, an online softmax in fp32 (running max ``m``, running sum ``l``,
   rescaled accumulator), and the causal mask for the last tile.
 
+head_dim may be any multiple of 8 from 16 to 256: ``HEAD_DIM_P2`` is the next
+power of two (``tl.arange`` needs one) and the dimensions past ``HEAD_DIM``
+are masked on every load and store, as vLLM pads to ``head_size_padded``.
+
 Split-KV (the flash-decoding idea): one decode token of one request at long
 context is a single program that walks the whole sequence while most of the
 GPU idles. With ``num_splits > 1`` each program covers one segment of the
 keys and writes its partial output and log-sum-exp; a second small kernel
-merges the segments, weighting each by ``exp(lse_i - max lse)``. How many
+merges the segments, weighting each by ``exp(lse_i - max lse)``. The split
+count is a runtime argument, not a constexpr, so one compiled kernel serves
+every count (the merge compiles one per power of two up to 64). How many
 segments: enough to fill the programs the GPU holds at once (its resident
 capacity, from the compiled kernel's registers and shared memory), see
 ``split_rule``.
@@ -36,9 +42,10 @@ The K/V loads can overlap the compute: a tile's block ids are read one
 iteration ahead, so the compiler's pipeliner may copy later K/V tiles while
 one computes. How many it keeps in flight depends on the configuration
 (``tools/compile_check.py`` counts the buffers in the compiled loop: two for
-decode and split at three stages; one for the fp32 configurations with two
-stages, every fp32 prefill among them, so no tile is loaded ahead there; up
-to three for 2-byte prefill on sm_90). Tiles, warps and pipeline stages
+decode and split at three stages, which the check requires of 2-byte types;
+one for the fp32 configurations with two stages, every fp32 prefill among
+them, so no tile is loaded ahead there; three for 2-byte prefill up to
+head_dim 128 on sm_90, two on sm_80). Tiles, warps and pipeline stages
 depend on dtype and head_dim (``_tile_config``) so that every configuration
 fits the shared memory of an A100 and an H200.
 
@@ -86,9 +93,17 @@ __all__ = [
 ]
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Every multiple of 8 from 16 to 256. A power of two is the kernel's own tile
+# width; any other (80, 96, 112: Phi-2, Phi-3, ...) is padded to the next power
+# of two with the extra dimensions masked, as vLLM pads to HEAD_SIZE_PADDED.
+# A multiple of 8 keeps a row of 2-byte K/V in whole 16-byte copies.
+HEAD_DIMS = tuple(range(16, 257, 8))
 
 
-@triton.jit
+# The integers that change from step to step are not specialised (Triton would
+# compile a kernel for 1, for multiples of 16 and for the rest): a serving run
+# compiles one kernel per configuration, whatever its batch or split count.
+@triton.jit(do_not_specialize=["num_tokens", "max_blocks", "num_splits"])
 def _paged_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM], contiguous
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, HEAD_DIM], contiguous
@@ -96,26 +111,28 @@ def _paged_attention_kernel(
     block_table_ptr,  # [num_reqs, max_blocks] int32
     seq_lens_ptr,  # [num_reqs] int32: context + new tokens
     query_start_loc_ptr,  # [num_reqs + 1] int32
-    out_ptr,  # NUM_SPLITS == 1: the output, like q; else fp32 partials [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM]
-    lse_ptr,  # NUM_SPLITS > 1: fp32 [NUM_SPLITS, num_tokens, num_heads], log2-domain log-sum-exp
+    out_ptr,  # not SPLIT: the output, like q; else fp32 partials [num_splits, num_tokens, num_heads, HEAD_DIM]
+    lse_ptr,  # SPLIT: fp32 [num_splits, num_tokens, num_heads], log2-domain log-sum-exp
     scale_log2,  # softmax scale * log2(e): the kernel works with exp2
     num_tokens,
     num_heads,
     num_kv_heads,
-    block_size,
     max_blocks,
+    num_splits,  # KV segments per query tile: a runtime value, one kernel serves every count
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block: a constant divisor, no emulated division
     GROUP: tl.constexpr,  # query heads per KV head
-    HEAD_DIM: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # the model's head_dim (a multiple of 8)
+    HEAD_DIM_P2: tl.constexpr,  # HEAD_DIM rounded up to a power of two; dims past HEAD_DIM are masked
     BLOCK_M: tl.constexpr,  # rows of a query tile (power of two >= 16)
     BLOCK_Q: tl.constexpr,  # query tokens of a tile: BLOCK_M // GROUP
     TILE_N: tl.constexpr,  # key positions per inner iteration
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partials and lse for the merge
     FP32_DOT: tl.constexpr,  # dot in fp32 (interpreter, or fp32 inputs)
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    q_tile = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
 
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
@@ -131,22 +148,24 @@ def _paged_attention_kernel(
     row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
     q_pos = ctx_len + q_idx  # its position in the sequence (causal limit)
     token = (q_start + q_idx).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_DIM_P2)
+    dim_ok = dims < HEAD_DIM  # all true unless head_dim is padded (80, 96, 112)
     q_off = (token * num_heads + head)[:, None] * HEAD_DIM + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+    q_ok = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(q_ptr + q_off, mask=q_ok, other=0.0)
     if FP32_DOT:
         q = q.to(tl.float32)
 
     # Keys this tile may see end after its last token; split-KV cuts them
-    # into NUM_SPLITS segments of whole tiles.
+    # into num_splits segments of whole tiles.
     kv_end = ctx_len + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)
-    seg = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), TILE_N) * TILE_N
+    seg = tl.cdiv(tl.cdiv(kv_end, num_splits), TILE_N) * TILE_N
     kv_lo = split * seg
     kv_hi = tl.minimum(kv_lo + seg, kv_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
     table_row = block_table_ptr + req.to(tl.int64) * max_blocks
     # The block ids of a tile are read one iteration ahead and carried in the
     # loop: a K/V address then depends on no load of its own iteration, so the
@@ -154,17 +173,18 @@ def _paged_attention_kernel(
     # computes (the compile report counts its buffers). Never read the table
     # at or past kv_hi: those columns may be garbage.
     pos = kv_lo + tl.arange(0, TILE_N)
-    next_ids = tl.load(table_row + pos // block_size, mask=pos < kv_hi, other=0)
+    next_ids = tl.load(table_row + pos // BLOCK_SIZE, mask=pos < kv_hi, other=0)
     for start in range(kv_lo, kv_hi, TILE_N):
         pos = start + tl.arange(0, TILE_N)
         pos_ok = pos < kv_hi
         block_id = next_ids.to(tl.int64)
         ahead = pos + TILE_N
-        next_ids = tl.load(table_row + ahead // block_size, mask=ahead < kv_hi, other=0)
-        kv_row = (block_id * block_size + pos % block_size) * num_kv_heads + kv_head
+        next_ids = tl.load(table_row + ahead // BLOCK_SIZE, mask=ahead < kv_hi, other=0)
+        kv_row = (block_id * BLOCK_SIZE + pos % BLOCK_SIZE) * num_kv_heads + kv_head
         kv_off = kv_row[:, None] * HEAD_DIM + dims[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=pos_ok[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=pos_ok[:, None], other=0.0)
+        kv_ok = pos_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_ok, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_ok, other=0.0)
         if FP32_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -188,41 +208,43 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty), mask=q_ok)
     else:
         # A segment past this tile's keys saw nothing: lse = -inf, weight 0 in the merge.
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         part = split.to(tl.int64) * num_tokens * num_heads
-        tl.store(out_ptr + part * HEAD_DIM + q_off, out, mask=row_ok[:, None])
+        tl.store(out_ptr + part * HEAD_DIM + q_off, out, mask=q_ok)
         tl.store(lse_ptr + part + token * num_heads + head, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_splits"])
 def _merge_splits_kernel(
-    partial_ptr,  # fp32 [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM]
-    lse_ptr,  # fp32 [NUM_SPLITS, num_tokens, num_heads]
+    partial_ptr,  # fp32 [num_splits, num_tokens, num_heads, HEAD_DIM]
+    lse_ptr,  # fp32 [num_splits, num_tokens, num_heads]
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     num_tokens,
     num_heads,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,  # NUM_SPLITS rounded up to a power of two (tl.arange)
+    num_splits,
+    SPLITS_P2: tl.constexpr,  # num_splits rounded up to a power of two (tl.arange): 6 kernels for 2..64
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
 ):
     th = tl.program_id(0).to(tl.int64)  # token * num_heads + head
-    s = tl.arange(0, SPLITS_P2)
-    s_ok = s < NUM_SPLITS
+    s = tl.arange(0, SPLITS_P2).to(tl.int64)  # 64-bit: splits x tokens x heads x head_dim may pass 2**31
+    s_ok = s < num_splits
     lse = tl.load(lse_ptr + s * num_tokens * num_heads + th, mask=s_ok, other=float("-inf"))
     # Every token sees at least itself, so at least one segment is finite.
     w = tl.exp2(lse - tl.max(lse, 0))
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_DIM_P2)
+    dim_ok = dims < HEAD_DIM
     part_off = (s[:, None] * num_tokens * num_heads + th) * HEAD_DIM + dims[None, :]
-    o = tl.load(partial_ptr + part_off, mask=s_ok[:, None], other=0.0)
+    o = tl.load(partial_ptr + part_off, mask=s_ok[:, None] & dim_ok[None, :], other=0.0)
     out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
-    tl.store(out_ptr + th * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + th * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
 
 
 # ----------------------------------------------------------------- validation
@@ -265,8 +287,9 @@ def _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_st
     num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
     if cache_dim != head_dim:
         raise ValueError(f"q's head_dim {head_dim} differs from the caches' {cache_dim}")
-    if not _is_power_of_two(head_dim) or not 16 <= head_dim <= 256:
-        raise ValueError(f"head_dim must be a power of two from 16 to 256, got {head_dim}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))} (a multiple of 8 "
+                         f"from 16 to 256), got {head_dim}")
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if block_size < 1 or num_blocks < 1:
@@ -339,20 +362,26 @@ class AttentionPlan:
     num_stages: int = 3  # K/V tiles the compiler's pipeliner may keep in flight
 
 
-# Tiles per (decode?, element size, head_dim): (tile_n, num_warps, num_stages).
-# Chosen from the compile report (tools/compile_check.py): every entry fits
-# the shared memory of an A100 and an H200, and 2-byte types do not spill on
-# either. fp32 runs tl.dot on FMA units; wide fp32 tiles only spill more.
-def _tile_config(decode: bool, elem_bytes: int, head_dim: int) -> tuple[int, int, int]:
+# Tiles per (decode?, element size, padded head_dim): (rows, tile_n,
+# num_warps, num_stages); rows is the least BLOCK_M (a group wider than it
+# takes more). Chosen from the compile report (tools/compile_check.py): every
+# entry fits the shared memory of an A100 and an H200; 2-byte types up to
+# head_dim 128 do not spill on either; the decode loop keeps two K/V tiles in
+# flight. A 2-byte tile's rows equal what its tensor-core layout covers: 8
+# warps cover 128 rows (on sm_90 a 64-row tile with 8 warps computed QK^T
+# and the softmax twice). 2-byte decode takes 32 keys per step: 80 registers
+# and 37 KB at head_dim 128, 6 programs per SM on an H200. fp32 runs tl.dot
+# on FMA units; wide fp32 tiles only spill more.
+def _tile_config(decode: bool, elem_bytes: int, head_dim: int) -> tuple[int, int, int, int]:
     if decode:
-        if elem_bytes == 4 and head_dim == 256:
-            return 32, 4, 2
-        return 64, 4, 3
+        if elem_bytes == 4:
+            return (16, 32, 4, 2) if head_dim == 256 else (16, 64, 4, 3)
+        return 16, 32, 4, 3
     if elem_bytes == 4:
-        return (32, 8, 2) if head_dim == 256 else (64, 8, 2)
+        return (64, 32, 8, 2) if head_dim == 256 else (64, 64, 8, 2)
     if head_dim == 256:
-        return 64, 8, 2
-    return 64, 8, 3
+        return 128, 32, 8, 2
+    return 128, 64, 8, 3
 
 
 @functools.cache
@@ -371,13 +400,12 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
     # a smaller tl.dot (M, N >= 1, K >= 16: min_dot_size in Triton's NVIDIA
     # backend) but pads it to the tensor cores' 16-row MMA fragment, so 16 rows
     # cost no more than 4; a prefill tile takes several tokens, so that one K/V
-    # tile serves more queries.
-    block_m = max(16 if decode else 64, triton.next_power_of_2(group))
+    # tile serves more queries. The tiles depend on dtype and head_dim only,
+    # never on the device, so a plan prints the same everywhere.
+    rows, tile_n, num_warps, num_stages = _tile_config(
+        decode, torch.empty((), dtype=dtype).element_size(), triton.next_power_of_2(head_dim))
+    block_m = max(rows, triton.next_power_of_2(group))
     block_q = block_m // group
-    # The tiles depend on dtype and head_dim only, never on the device, so a
-    # plan prints the same everywhere.
-    tile_n, num_warps, num_stages = _tile_config(decode, torch.empty((), dtype=dtype).element_size(),
-                                                 head_dim)
     num_q_tiles = max(1, cdiv(max_q, block_q))
     if num_splits is None:
         num_splits = 1
@@ -441,17 +469,18 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
     launches = [(
         _paged_attention_kernel, plan.grid,
         (q, key_cache, value_cache, block_table, seq_lens, query_start_loc, part, lse,
-         float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_size,
-         block_table.shape[1]),
-        dict(GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=plan.block_m,
-             BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, NUM_SPLITS=splits, FP32_DOT=fp32_dot,
+         float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_table.shape[1], splits),
+        dict(BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+             HEAD_DIM_P2=triton.next_power_of_2(head_dim), BLOCK_M=plan.block_m,
+             BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, SPLIT=splits > 1, FP32_DOT=fp32_dot,
              num_warps=plan.num_warps, num_stages=plan.num_stages),
     )]
     if splits > 1:
         launches.append((
             _merge_splits_kernel, (num_tokens * num_heads,),
-            (part, lse, out, num_tokens, num_heads),
-            dict(NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim),
+            (part, lse, out, num_tokens, num_heads, splits),
+            dict(SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+                 HEAD_DIM_P2=triton.next_power_of_2(head_dim)),
         ))
     return launches
 

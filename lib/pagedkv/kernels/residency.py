@@ -66,9 +66,10 @@ def split_rule(resident_per_sm: int | None = None, num_sms: int | None = None) -
             "compiled kernel fit on one SM at once (the least of what its registers, its shared "
             "memory, its threads and the 32-program limit allow), times the number of SMs. A grid "
             "with fewer programs than that leaves the GPU partly idle, so for sequences of at least "
-            "2,048 tokens each query tile's keys are cut into enough segments to fill the resident "
-            "capacity, with at least four key tiles per segment and at most "
-            f"{MAX_SPLITS} segments; a grid that already fills it is not split. On a CPU the "
+            "2,048 tokens each query tile's keys are cut into as many segments as still fit the "
+            "resident capacity in one wave, with at least four key tiles per segment and at most "
+            f"{MAX_SPLITS} segments; a grid that already fills it is not split. The count is a "
+            "runtime argument, so one compiled kernel serves every count. On a CPU the "
             "kernel runs in the interpreter and never splits." + where)
 
 
@@ -76,5 +77,5 @@ def choose_splits(num_programs: int, max_seq_len: int, tile_n: int, capacity: in
     """Split the keys only when the grid cannot fill the resident capacity and sequences are long."""
     if max_seq_len < 2048 or num_programs >= capacity:
         return 1
-    wanted = cdiv(capacity, num_programs)
+    wanted = capacity // num_programs  # rounded down: the split grid stays within one wave
     return max(1, min(wanted, max_seq_len // (4 * tile_n), MAX_SPLITS))
