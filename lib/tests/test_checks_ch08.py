@@ -222,7 +222,7 @@ def test_the_scenarios_take_every_branch_of_the_loop():
 
     kind = "engine"
     for scenario in ch08._scenarios(0).values():
-        with ch08._one_thread():
+        with ch08.one_thread():
             for _ in ch08._steps(scenario, counting):
                 pass
     kind = "hand-built"

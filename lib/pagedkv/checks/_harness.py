@@ -20,6 +20,7 @@ Hints teach only where there is something to learn from:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -382,3 +383,16 @@ def print_mistakes(*check_fns, width: int = 79) -> None:
         for m in getattr(fn, "mistakes", ()):
             print(textwrap.fill(m.diagnosis(), width, initial_indent="- ",
                                 subsequent_indent="  "))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the tiny model on one CPU thread: on a busy machine more threads only wait for each other."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

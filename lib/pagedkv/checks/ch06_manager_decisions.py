@@ -498,6 +498,14 @@ _HIT_PROBES = [(10, 4, 2), (8, 4, 2), (13, 8, 4), (0, 8, 4), (4_100, 16, 4),
                (4_096, 16, 4), (35, 16, 16)]
 
 
+def _random_hit_setting(rng):
+    """(block_size, match_unit, shared_tokens) for a random partial-hit case;
+    the unit divides the block, as the manager requires."""
+    B = rng.choice((4, 8, 16, 32))
+    unit = rng.choice([u for u in (1, 2, 4, 8, 16, 32) if B % u == 0])
+    return B, unit, rng.randrange(0, 6 * B)
+
+
 def _library_hit(shared, B, unit, extra=3):
     """What a real manager does: the hit, its blocks, the allocation and
     the copies, for a prompt whose first ``shared`` tokens a finished
@@ -568,10 +576,7 @@ def check_partial_hit(fn, cases: int = 40, seed: int = 0) -> CheckReport:
 
         def randomized():
             for k in range(cases):
-                B = rng.choice((4, 8, 16, 32))
-                unit = rng.choice([u for u in (1, 2, 4, 8, 16, 32)
-                                   if B % u == 0])
-                shared = rng.randrange(0, 6 * B)
+                B, unit, shared = _random_hit_setting(rng)
                 m, r, hit, _, copies = _library_hit(shared, B, unit)
                 want = partial_hit_reference(shared, B, unit)
                 ids = m.get_block_ids(r.request_id)
@@ -668,10 +673,7 @@ def check_blocks_to_allocate(fn, cases: int = 40,
 
         def randomized():
             for k in range(cases):
-                B = rng.choice((4, 8, 16, 32))
-                unit = rng.choice([u for u in (1, 2, 4, 8, 16, 32)
-                                   if B % u == 0])
-                shared = rng.randrange(0, 6 * B)
+                B, unit, shared = _random_hit_setting(rng)
                 extra = rng.randrange(1, 2 * B)
                 _, r, hit, allocated, _ = _library_hit(shared, B, unit,
                                                        extra)

@@ -26,7 +26,6 @@ check reads the library only through public methods.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import random
 import re
@@ -37,7 +36,7 @@ from ..engine import (EngineArgs, EngineRequest, EngineStats, LLMEngine,
                       SamplingParams, Scheduler)
 from ..kv_cache_manager import KVCacheManager
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
-                       expect_int, name_mistake)
+                       expect_int, name_mistake, one_thread)
 
 __all__ = ["check_update_block_table", "check_tokens_this_step",
            "check_fan_out", "check_blocks_in_use", "check_diagnose",
@@ -49,19 +48,6 @@ def _model():
     from ..model import Model, ModelConfig
 
     return Model(ModelConfig.preset("tiny"), seed=0)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """The tiny model on one CPU thread: more only wait for each other."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _args(**kw) -> EngineArgs:
@@ -247,7 +233,7 @@ def check_update_block_table(update_block_table, seed: int = 0,
     """
     c = Checker("update_block_table", timeout=timeout)
     scenarios = _table_scenarios(seed)
-    with _one_thread(), c:
+    with one_thread(), c:
         first = next(iter(scenarios.items()))
         c.probe(lambda: _run_table(update_block_table, first[0], *first[1]))
         for name, (args, arrivals) in scenarios.items():
@@ -587,7 +573,7 @@ def check_fan_out(fan_out, timeout: float = 20.0) -> CheckReport:
                 _check_fan_out_case(fan_out, *a)
         return body
 
-    with _one_thread(), c:
+    with one_thread(), c:
         c.probe(cases(("req", 3, 7)))
         c.prop("seeded: ids {i}_{id}, seeds seed + i",
                cases(("req", 3, 7), ("cmpl-9_a", 4, 0), ("x", 2, 2**40)))
@@ -680,7 +666,7 @@ def check_blocks_in_use(blocks_in_use, timeout: float = 20.0) -> CheckReport:
                 _check_blocks_case(blocks_in_use, *a)
         return body
 
-    with _one_thread(), c:
+    with one_thread(), c:
         c.probe(cases((9, 3, 4, 9)))
         c.prop("right after the prompt: full blocks once, tails each",
                cases((9, 3, 4, 9), (11, 4, 4, 11)))
@@ -858,7 +844,7 @@ def check_diagnose(diagnose, seed: int = 0,
             raise RuntimeError(f"the runs show only {sorted(kinds)}")
         _check_lines(diagnose, lines)
 
-    with _one_thread(), c:
+    with one_thread(), c:
         c.probe(lambda: diagnose(built[0][0]))
         c.prop("healthy and queue-bound (no preemptions)",
                lambda: _check_lines(diagnose, [built[0], built[2],

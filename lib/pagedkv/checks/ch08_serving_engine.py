@@ -46,7 +46,6 @@ patched. The function is installed through the scheduler's public
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import random
 import traceback
@@ -54,7 +53,7 @@ from dataclasses import dataclass, field
 
 from ..engine import EngineArgs, EngineRequest, LLMEngine, RequestStatus, Scheduler, preempt_last_running
 from ..kv_cache_manager import KVCacheManager
-from ._harness import FAIL, Checker, CheckReport, PropertyResult
+from ._harness import FAIL, Checker, CheckReport, PropertyResult, one_thread
 from ..common import cdiv
 
 from .ch08_engine_tasks import (  # noqa: E402 -- exercise 8's later tasks
@@ -154,7 +153,6 @@ NEVER_STOPS = ("never stops: after each failed allocate_slots preempt the last r
 
 class _Foul(AssertionError):
     """A move of the learner's function that vLLM's loop would not make; the message names it."""
-
 
 
 class _Call:
@@ -485,19 +483,6 @@ def _run_engine(fn, scenario: Scenario) -> None:
             raise AssertionError(f"{scenario.name}: {rid} generated {tokens.get(rid)}, expected {expected}")
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run the tiny model on one CPU thread: on a busy machine more threads only wait for each other."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 LIBRARY_LOOP = ("that is the library's own preempt_last_running, not your loop: the exercise asks you "
                 "to write it (allocate_slots; while it returns None, scheduler.preempt the last running "
                 "request; stop when it fits or the victim is the request)")
@@ -535,7 +520,7 @@ def check_preemption_loop(allocate_with_preemption, seed: int = 0, timeout: floa
         print(result.line())
         return ok
 
-    with _one_thread():
+    with one_thread():
         def cases(*names):
             def body():
                 for name in names:
