@@ -84,7 +84,9 @@ for step in $steps; do
         smoke)
             # shellcheck disable=SC2086
             run smoke 180 $py -m pytest $KERNEL_TESTS "${pytest_flags[@]}"
-            run smoke 100 $py -m pagedkv.bench attention --json "$out/gpu_report.json" ;;
+            run smoke 100 $py -m pagedkv.bench attention --json "$out/gpu_report.json"
+            # The performance model's ranges (committed before any GPU run) beside the times just measured.
+            [ -f "$out/gpu_report.json" ] && run smoke 30 $py tools/perf_model.py --against "$out/gpu_report.json" ;;
         tests)
             # shellcheck disable=SC2086
             run tests 470 $py -m pytest lib/tests $(printf -- '--ignore=%s ' $KERNEL_TESTS) "${pytest_flags[@]}" ;;

@@ -16,7 +16,7 @@ import torch
 
 import pagedkv
 from pagedkv.kernels import dense_attention_ref, paged_attention, paged_attention_ref
-from pagedkv.kernels.attention import paginate, plan_attention
+from pagedkv.kernels.attention import launch_planned, paginate, plan_attention, validated_plan
 
 DEV = pagedkv.default_device()
 # fp32 never rounds through TF32: the kernel passes input_precision="ieee" to both of its fp32
@@ -147,8 +147,39 @@ def test_plan_shapes_the_grid():
     assert (decode.block_m, decode.block_q) == (16, 4)  # the group of 4 query heads, padded for tl.dot
     assert decode.grid[:2] == (64, 8)
     prefill = plan_attention(32, 8, [2048] * 4, [2048] * 4, num_splits=1)
-    assert prefill.block_q * 4 == prefill.block_m and prefill.grid[2] == -(-2048 // prefill.block_q)
+    assert prefill.block_q * 4 == prefill.block_m and prefill.grid == (4 * 2048 // prefill.block_q, 8, 1)
     assert plan_attention(4, 4, [1], [10_000], num_splits=6).grid == (1, 4, 6)
+
+
+def test_work_list_holds_only_tiles_with_new_tokens():
+    # The mixed batch of the review: one 2k chunk and 63 decodes. Padding every
+    # request to the chunk's 64 tiles launched 32,768 programs, 1,016 with work.
+    mixed = plan_attention(32, 8, [2048] + [1] * 63, [2048] + [4096] * 63, num_splits=1)
+    tiles = 2048 // mixed.block_q
+    assert mixed.grid == (tiles + 63, 8, 1)
+    assert mixed.work_items() == [(0, t) for t in range(tiles)] + [(r, 0) for r in range(1, 64)]
+    # A request with no new tokens this step gets no program.
+    assert plan_attention(8, 2, [3, 0, 1], [3, 5, 9]).work_items() == [(0, 0), (2, 0)]
+    # Axis 0 holds the work: a step of 70,000 one-token requests fits (axis 2 stopped at 65,535).
+    assert plan_attention(8, 8, [1] * 70_000, [1] * 70_000, num_splits=1).grid == (70_000, 8, 1)
+
+
+def test_one_work_list_serves_every_layer():
+    """validated_plan puts the list on the kernels' device once; each layer's launch reuses it."""
+    torch.manual_seed(0)
+    q_lens, ctx = [5, 1, 0, 2], [3, 9, 4, 0]
+    keys = [torch.randn(c + n, 2, 16) for c, n in zip(ctx, q_lens)]
+    values = [torch.randn(c + n, 2, 16) for c, n in zip(ctx, q_lens)]
+    kc, vc, table, seq_lens = paginate(keys, values, 4, seed=1)
+    qsl = torch.tensor([0, 5, 6, 6, 8], dtype=torch.int32)
+    q = torch.randn(8, 4, 16)
+    args = (kc, vc, table, seq_lens, qsl, 0.25)
+    plan = validated_plan(q, *args)
+    assert plan.work.device == q.device and plan.work_items() == [(0, 0), (1, 0), (3, 0)]
+    for layer in range(2):
+        qs = q + layer
+        torch.testing.assert_close(launch_planned(plan, qs, *args), paged_attention_ref(qs, *args),
+                                   atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ refused inputs

@@ -7,6 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
 
 from pagedkv.block_table import BlockTable  # noqa: E402
 from pagedkv.views.figures import (  # noqa: E402
@@ -72,3 +73,19 @@ def test_allocation_layout_draws_ranges_block_by_block():
 
     with pytest.raises(ValueError):
         allocation_layout(0, 0, 0, 0, 16)
+
+
+def test_attention_grid_figure_draws_one_box_per_work_item():
+    from pagedkv.kernels.attention import plan_attention
+    from pagedkv.views import attention_grid_figure
+
+    q_lens, seq_lens = [40, 1, 1], [40, 90, 30]
+    plan = plan_attention(8, 2, q_lens, seq_lens)
+    fig = attention_grid_figure(plan, q_lens, seq_lens, group=4, request=1)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert labels == ["request 0: tokens 0..31", "request 0: tokens 32..39",
+                      "request 1: tokens 0..0", "request 2: tokens 0..0"]
+    with pytest.raises(ValueError, match="not the batch this plan was made for"):
+        attention_grid_figure(plan, [40, 1], [40, 90], group=4)
+    with pytest.raises(ValueError, match="request 1 has no new tokens"):
+        attention_grid_figure(plan_attention(8, 2, [40, 0], [40, 9]), [40, 0], [40, 9], group=4, request=1)

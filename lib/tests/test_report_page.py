@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_committed_page_is_what_the_report_renders():
     report_path = ROOT / _report.REPORT_JSON
     report = json.loads(report_path.read_text()) if report_path.exists() else None
-    compiled, on_cpu = (json.loads((ROOT / p).read_text()) if (ROOT / p).exists() else None
-                         for p in (_report.COMPILE_JSON, _report.CPU_JSON))
-    assert (ROOT / _report.PAGE_MD).read_text() == _report.render(report, compiled, on_cpu), (
+    compiled, on_cpu, predicted = (json.loads((ROOT / p).read_text()) if (ROOT / p).exists() else None
+                                    for p in (_report.COMPILE_JSON, _report.CPU_JSON, _report.PERF_MODEL_JSON))
+    assert (ROOT / _report.PAGE_MD).read_text() == _report.render(report, compiled, on_cpu, predicted), (
         "book/benchmarks.md is stale: run `python -m pagedkv.bench._report`")
 
 
@@ -56,3 +56,22 @@ def test_compile_notes_explain_32_register_rows_and_2_byte_spills():
     assert "use 150-200" in notes
     assert "fp16 and bf16 prefill at head_dim 256 spill 64-64 B on sm_80 (1 rows)" in notes
     assert _report._compile_notes(dict(rows=rows[1:2])) == []
+
+
+def test_the_prediction_table_shows_the_measurement_beside_the_range():
+    model = dict(constants=dict(device=dict(name="H200", sms=132, clock_ghz=1.98, bandwidth_gbs=4800.0),
+                                bandwidth_share=[0.92, 0.7], issue_per_cycle=[4, 2], tensor_tflops=[989.0, 600.0],
+                                hbm_latency_us=[0.5, 0.8], launch_us=[1.0, 3.0]),
+                 rows=[dict(name="decode 64x4096", grid=[64, 8, 1], programs=512, capacity=792, num_splits=1,
+                            bound="bandwidth", predicted_us=[120.0, 160.0]),
+                       dict(name="prefill 4x2048", grid=[256, 8, 1], programs=2048, capacity=132,
+                            num_splits=1, bound="tensor", predicted_us=[300.0, 500.0])])
+    pending = _report.render(None, perf_model=model)
+    assert "| decode 64x4096 | (64, 8, 1) | 512 / 792 | 1 | bandwidth | 120.0 - 160.0 | pending |" in pending
+    row = dict(name="decode 64x4096", block_size=16, num_splits=1, kernel_ms=0.15, gbps=3500.0, pct_peak=0.73,
+               tflops=1.0, sdpa_ms=0.45, sdpa_backend="flash_attention", time_vs_sdpa=1.11)
+    page = _report.render({"attention": dict(device="GPU X", summary="s", copy_ceiling_gbps=4000.0,
+                                             peak_gbps=4800.0, rows=[row], split_speedup=2.5)},
+                          perf_model=model)
+    assert "| 120.0 - 160.0 | 150.0 (inside) |" in page
+    assert "| 300.0 - 500.0 | pending |" in page

@@ -27,8 +27,9 @@ def _arange_of_three(out_ptr, N: tl.constexpr):
 
 def _oversized_attention() -> cc.Case:
     """fp32 prefill at head_dim 256 with tiles far too wide for an A100's shared memory."""
-    plan = attn.AttentionPlan(block_m=64, block_q=16, tile_n=128, num_q_tiles=1, num_splits=1,
-                              grid=(1, 1, 1), num_warps=8, num_stages=3)
+    plan = attn.AttentionPlan(block_m=64, block_q=16, tile_n=128, num_splits=1,
+                              grid=(1, 1, 1), num_warps=8, num_stages=3,
+                              work=torch.zeros((1, 2), dtype=torch.int32))
     meta, i32 = cc._meta, torch.int32
     q = meta(64, 32, 256, dtype=torch.float32)
     cache = meta(1, 16, 8, 256, dtype=torch.float32)

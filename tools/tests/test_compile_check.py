@@ -75,8 +75,10 @@ def _committed():
 
 def test_the_page_shows_the_committed_compile_report():
     gpu, cpu = ROOT / _report.REPORT_JSON, ROOT / _report.CPU_JSON
+    model = ROOT / _report.PERF_MODEL_JSON
     page = _report.render(json.loads(gpu.read_text()) if gpu.exists() else None, _committed(),
-                          json.loads(cpu.read_text()) if cpu.exists() else None)
+                          json.loads(cpu.read_text()) if cpu.exists() else None,
+                          json.loads(model.read_text()) if model.exists() else None)
     assert (ROOT / _report.PAGE_MD).read_text() == page, "run `make test-compile` to refresh the page"
     assert "## Compiled kernels" in page
 

@@ -24,6 +24,7 @@ REPORT_JSON = "book/gpu_report.json"
 PAGE_MD = "book/benchmarks.md"
 COMPILE_JSON = "book/compile_report.json"  # written by tools/compile_check.py --write
 CPU_JSON = "book/cpu_report.json"  # written by python -m pagedkv.bench engine --json book/cpu_report.json
+PERF_MODEL_JSON = "book/perf_model.json"  # written by tools/perf_model.py --write
 
 _INTRO = """# Benchmarks
 
@@ -225,7 +226,41 @@ def _compile(report: dict) -> list[str]:
     return lines + [""] + _compile_notes(report)
 
 
-def render(report: dict | None, compile_report: dict | None = None, cpu_report: dict | None = None) -> str:
+def _prediction(model: dict, report: dict | None) -> list[str]:
+    """The performance model's range per benchmark shape, beside the measurement once there is one."""
+    measured = {r["name"]: r["kernel_ms"] * 1e3 for r in (report or {}).get("attention", {}).get("rows", [])}
+    c = model["constants"]
+    dev = c["device"]
+    lines = [
+        "## Attention on an H200: predicted, then measured",
+        "",
+        f"Before any GPU run, `tools/perf_model.py` predicted each attention shape's time on an "
+        f"{dev['name']} ({dev['sms']} SMs, {dev['clock_ghz']} GHz, {dev['bandwidth_gbs']:,.0f} GB/s) "
+        f"from the compile report below and the plan the library makes: the largest of a bandwidth "
+        f"floor ({c['bandwidth_share'][0]:.0%} to {c['bandwidth_share'][1]:.0%} of peak), an issue "
+        f"floor (the main loop's SASS instructions at {c['issue_per_cycle'][0]} to "
+        f"{c['issue_per_cycle'][1]} per SM and cycle), a tensor-core floor ({c['tensor_tflops'][0]:,.0f} "
+        f"to {c['tensor_tflops'][1]:,.0f} TFLOP/s) and a latency floor ({c['hbm_latency_us'][0]} to "
+        f"{c['hbm_latency_us'][1]} us per iteration over the K/V buffers in flight), plus "
+        f"{c['launch_us'][0]:g} to {c['launch_us'][1]:g} us per launch. Programs: the grid's; a wave "
+        "is what the GPU holds at once (programs per SM from the compile report, times the SMs). "
+        "The measured column stays empty until a GPU run is committed.",
+        "",
+        "| shape | grid | programs / resident | splits | bound | predicted (us) | measured (us) |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in model["rows"]:
+        lo, hi = r["predicted_us"]
+        got = measured.get(r["name"])
+        mark = "" if got is None else (" (inside)" if lo <= got <= hi else " (outside)")
+        lines.append(f"| {r['name']} | {tuple(r['grid'])} | {r['programs']:,} / {r['capacity']:,} | "
+                     f"{r['num_splits']} | {r['bound']} | {lo:,.1f} - {hi:,.1f} | "
+                     f"{'pending' if got is None else f'{got:,.1f}{mark}'} |")
+    return lines + [""]
+
+
+def render(report: dict | None, compile_report: dict | None = None, cpu_report: dict | None = None,
+           perf_model: dict | None = None) -> str:
     lines = [_INTRO]
     if not report:
         lines.append("```{note}\nNo GPU run has been committed yet: the figures are pending. "
@@ -236,6 +271,8 @@ def render(report: dict | None, compile_report: dict | None = None, cpu_report: 
             lines += _attention(report["attention"])
         if "engine" in report:
             lines += _engine(report["engine"])
+    if perf_model:
+        lines += _prediction(perf_model, report)
     if cpu_report and "engine" in cpu_report:
         lines += _engine(cpu_report["engine"], "## The serving engine on a CPU")
         lines += _cpu_notes(cpu_report["engine"])
@@ -248,9 +285,9 @@ def main(argv: list[str]) -> int:
     report_path = Path(argv[0] if argv else REPORT_JSON)
     page_path = Path(argv[1] if len(argv) > 1 else PAGE_MD)
     report = json.loads(report_path.read_text()) if report_path.exists() else None
-    compiled, on_cpu = (json.loads(Path(p).read_text()) if Path(p).exists() else None
-                         for p in (COMPILE_JSON, CPU_JSON))
-    page_path.write_text(render(report, compiled, on_cpu))
+    compiled, on_cpu, predicted = (json.loads(Path(p).read_text()) if Path(p).exists() else None
+                                    for p in (COMPILE_JSON, CPU_JSON, PERF_MODEL_JSON))
+    page_path.write_text(render(report, compiled, on_cpu, predicted))
     print(f"wrote {page_path} from {report_path if report else 'no report (figures pending)'}")
     return 0
 

@@ -11,7 +11,14 @@ and may see keys ``0 .. ctx_len + i``. One launch serves any mix.
 
 The grid, as in vLLM's unified Triton kernel (simplified):
 
-* one program per (request, KV head, query tile, KV split);
+* one program per (query tile, KV head, KV split), where a query tile is one
+  (request, tile) pair of the step's *work list*: ``plan_attention`` lists,
+  on the host, the tiles that hold new tokens, request after request, and the
+  kernel reads its pair from that list. A request is never padded to the
+  longest one's tiles, and every program launched has work (vLLM's kernel
+  launches an upper bound of tiles instead and finds each program's request
+  by a binary search over ``query_start_loc``). The list is built once per
+  step and serves every layer;
 * a query tile holds ``BLOCK_Q`` tokens x the ``GROUP`` query heads that
   share the KV head, ``BLOCK_M = BLOCK_Q * GROUP`` rows: one K/V load serves
   the whole group (grouped-query attention);
@@ -64,7 +71,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -81,6 +88,7 @@ __all__ = [
     "dense_attention_ref",
     "AttentionPlan",
     "plan_attention",
+    "work_list",
     "paginate",
     "ATTENTION_DTYPES",
     "SMLimits",
@@ -111,6 +119,7 @@ def _paged_attention_kernel(
     block_table_ptr,  # [num_reqs, max_blocks] int32
     seq_lens_ptr,  # [num_reqs] int32: context + new tokens
     query_start_loc_ptr,  # [num_reqs + 1] int32
+    work_ptr,  # int32 [num_work, 2]: (request, query tile) of each program along axis 0
     out_ptr,  # not SPLIT: the output, like q; else fp32 partials [num_splits, num_tokens, num_heads, HEAD_DIM]
     lse_ptr,  # SPLIT: fp32 [num_splits, num_tokens, num_heads], log2-domain log-sum-exp
     scale_log2,  # softmax scale * log2(e): the kernel works with exp2
@@ -129,15 +138,15 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,  # num_splits > 1: write partials and lse for the merge
     FP32_DOT: tl.constexpr,  # dot in fp32 (interpreter, or fp32 inputs)
 ):
-    req = tl.program_id(0)
+    work = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2) // num_splits
-    split = tl.program_id(2) % num_splits
+    split = tl.program_id(2)
+    # The work list holds only tiles with new tokens: no program returns at once.
+    req = tl.load(work_ptr + 2 * work)
+    q_tile = tl.load(work_ptr + 2 * work + 1)
 
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:  # this request has fewer query tiles than the grid
-        return
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
@@ -350,16 +359,34 @@ def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_sta
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """How one launch is shaped: the tiles and the grid (see the module docstring)."""
+    """How one launch is shaped: the tiles, the work list and the grid (see the module docstring).
+
+    ``work`` is the step's work list, int32 ``[num_work, 2]``: row ``i`` is
+    the (request, query tile) that the programs with ``program_id(0) == i``
+    compute. Only tiles holding new tokens are listed, request after request,
+    so ``grid[0] == num_work``. ``plan_attention`` builds it on the CPU;
+    ``validated_plan`` moves it to the kernels' device once per step, and
+    every layer's launch reads the same tensor.
+    """
 
     block_m: int  # rows per query tile
     block_q: int  # query tokens per tile
     tile_n: int  # key positions per inner iteration
-    num_q_tiles: int  # query tiles of the longest request
     num_splits: int  # KV segments per tile
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # (num_work, num_kv_heads, num_splits)
     num_warps: int = 4  # warps per program
     num_stages: int = 3  # K/V tiles the compiler's pipeliner may keep in flight
+    work: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    def work_items(self) -> list[tuple[int, int]]:
+        """The work list as (request, query tile) pairs, in launch order."""
+        return [] if self.work is None else [tuple(w) for w in self.work.tolist()]
+
+
+def work_list(q_lens: list[int], block_q: int) -> torch.Tensor:
+    """(request, query tile) for every tile that holds new tokens: int32 ``[num_work, 2]`` on the CPU."""
+    pairs = [(r, t) for r, n in enumerate(q_lens) for t in range(cdiv(n, block_q))]
+    return torch.tensor(pairs, dtype=torch.int32).reshape(len(pairs), 2)
 
 
 # Tiles per (decode?, element size, padded head_dim): (rows, tile_n,
@@ -391,8 +418,12 @@ def _num_sms() -> int:
 
 def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_lens: list[int],
                    num_splits: int | None = None, *, head_dim: int = 128,
-                   dtype: torch.dtype = torch.bfloat16) -> AttentionPlan:
-    """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV (see ``split_rule``)."""
+                   dtype: torch.dtype = torch.bfloat16, block_size: int = 16) -> AttentionPlan:
+    """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV (see ``split_rule``).
+
+    ``block_size`` is the cache's: a compile-time constant of the kernel, so
+    the split rule reads the residency of the kernel compiled for it.
+    """
     group = num_heads // num_kv_heads
     max_q = max(q_lens, default=0)
     decode = max_q <= 1
@@ -406,13 +437,14 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
         decode, torch.empty((), dtype=dtype).element_size(), triton.next_power_of_2(head_dim))
     block_m = max(rows, triton.next_power_of_2(group))
     block_q = block_m // group
-    num_q_tiles = max(1, cdiv(max_q, block_q))
+    work = work_list(q_lens, block_q)
     if num_splits is None:
         num_splits = 1
         if on_gpu():
-            programs = len(q_lens) * num_kv_heads * num_q_tiles
+            programs = work.shape[0] * num_kv_heads
             try:
-                capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages)
+                capacity = _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages,
+                                              block_size)
             except Exception as exc:  # never fail a launch over a plan: one program per SM
                 warnings.warn(f"split-KV planning could not read the compiled kernel ({exc!r}); "
                               "assuming one resident program per SM", RuntimeWarning, stacklevel=2)
@@ -420,12 +452,12 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
             num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int from 1 to {MAX_SPLITS} or None, got {num_splits!r}")
-    grid = (len(q_lens), num_kv_heads, num_q_tiles * num_splits)
-    return AttentionPlan(block_m, block_q, tile_n, num_q_tiles, num_splits, grid, num_warps, num_stages)
+    grid = (work.shape[0], num_kv_heads, num_splits)
+    return AttentionPlan(block_m, block_q, tile_n, num_splits, grid, num_warps, num_stages, work)
 
 
 @functools.cache
-def _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages) -> int:
+def _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_stages, block_size) -> int:
     """Resident programs on this GPU for the split kernel of one tile configuration.
 
     Compiles (without launching) the kernel a split launch would run and
@@ -433,9 +465,10 @@ def _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_s
     """
     dev = torch.device("cuda")
     q = torch.empty((1, group, head_dim), dtype=dtype, device=dev)
-    cache = torch.empty((1, 16, 1, head_dim), dtype=dtype, device=dev)
+    cache = torch.empty((1, block_size, 1, head_dim), dtype=dtype, device=dev)
     meta = torch.zeros((2,), dtype=torch.int32, device=dev)
-    plan = AttentionPlan(block_m, block_m // group, tile_n, 1, 2, (1, 1, 2), num_warps, num_stages)
+    plan = AttentionPlan(block_m, block_m // group, tile_n, 2, (1, 1, 2), num_warps, num_stages,
+                         torch.zeros((1, 2), dtype=torch.int32))
     kernel, grid, args, kwargs = kernel_launches(plan, q, cache, cache, meta.view(1, 2), meta[:1], meta,
                                                  1.0, q)[0]
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
@@ -466,9 +499,10 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
     else:
         part = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+    work = plan.work.to(q.device)  # a no-op for a plan from validated_plan
     launches = [(
         _paged_attention_kernel, plan.grid,
-        (q, key_cache, value_cache, block_table, seq_lens, query_start_loc, part, lse,
+        (q, key_cache, value_cache, block_table, seq_lens, query_start_loc, work, part, lse,
          float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_table.shape[1], splits),
         dict(BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
              HEAD_DIM_P2=triton.next_power_of_2(head_dim), BLOCK_M=plan.block_m,
@@ -487,7 +521,7 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
 
 def launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
     """Launch on validated tensors (the benchmark times this alone)."""
-    if q.shape[0] == 0 or block_table.shape[0] == 0:
+    if plan.grid[0] == 0:  # no request has new tokens
         return out
     for kernel, grid, args, kwargs in kernel_launches(plan, q, key_cache, value_cache, block_table,
                                                       seq_lens, query_start_loc, scale, out):
@@ -531,8 +565,9 @@ def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start
     """
     lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
     require_kernel_device(q, "q")
-    return plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
-                          num_splits, head_dim=q.shape[2], dtype=q.dtype)
+    plan = plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
+                          num_splits, head_dim=q.shape[2], dtype=q.dtype, block_size=key_cache.shape[1])
+    return replace(plan, work=plan.work.to(q.device))
 
 
 def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):

@@ -176,44 +176,41 @@ def attention_grid_figure(plan, q_lens: Sequence[int], seq_lens: Sequence[int],
                           group: int, title: str = "", request: int | None = None) -> Figure:
     """One KV head's slice of a paged-attention launch, and one tile's rows.
 
-    Left: the programs of ``plan`` (an ``AttentionPlan``) for KV head 0, one
-    column per request (``program_id(0)``), one row per query tile
-    (``program_id(2)``, splits folded in). A program whose tile holds some
-    of its request's new tokens is blue and says which; one past them is
-    grey (it returns at once). Right: the first query tile of ``request``
-    (default: the request with the longest sequence), outlined on the left.
-    Its rows are query token ``r // group`` times query head ``r % group``,
-    each labelled with its position in the sequence; rows past the
-    request's new tokens are padding, masked. Beside them, the key tiles it
-    walks in steps of ``plan.tile_n``, up to its causal limit.
+    Left: the programs of ``plan`` (an ``AttentionPlan``) for KV head 0 and
+    split 0, one box per entry of the step's work list (``program_id(0)``),
+    coloured by request and labelled with the request's new tokens it
+    computes. Right: the first query tile of ``request`` (default: the
+    request with the longest sequence), outlined on the left. Its rows are
+    query token ``r // group`` times query head ``r % group``, each labelled
+    with its position in the sequence; rows past the request's new tokens
+    are padding, masked. Beside them, the key tiles it walks in steps of
+    ``plan.tile_n``, up to its causal limit.
     """
-    if len(q_lens) != len(seq_lens) or len(q_lens) != plan.grid[0]:
-        raise ValueError(f"q_lens and seq_lens must have one entry per request of the plan "
-                         f"({plan.grid[0]}), got {len(q_lens)} and {len(seq_lens)}")
+    if len(q_lens) != len(seq_lens) or list(plan.work_items()) != [
+            (r, t) for r, n in enumerate(q_lens) for t in range(cdiv(n, plan.block_q))]:
+        raise ValueError(f"q_lens {list(q_lens)} and seq_lens {list(seq_lens)} are not the batch "
+                         f"this plan was made for (work list {plan.work_items()})")
     if request is None:
         request = max(range(len(seq_lens)), key=lambda r: seq_lens[r])
     if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(q_lens):
         raise ValueError(f"request must be an int from 0 to {len(q_lens) - 1}, got {request!r}")
+    if q_lens[request] == 0:
+        raise ValueError(f"request {request} has no new tokens this step: it has no tile to show")
     fig, (grid_ax, tile_ax) = plt.subplots(1, 2, figsize=(6.8, 3.0), width_ratios=[1.25, 1],
                                            constrained_layout=True)
-    tiles = plan.num_q_tiles
-    for r, n in enumerate(q_lens):
-        for t in range(tiles):
-            lo = t * plan.block_q
-            busy = lo < n
-            grid_ax.add_patch(plt.Rectangle((r, tiles - 1 - t), 0.94, 0.9,
-                                            color="#2c7fb8" if busy else _EMPTY))
-            label = f"tokens {lo}..{min(n, lo + plan.block_q) - 1}" if busy else "returns"
-            grid_ax.text(r + 0.47, tiles - 0.55 - t, label, ha="center", va="center", fontsize=7,
-                         color="white" if busy else "#555555")
-    grid_ax.add_patch(plt.Rectangle((request, tiles - 1), 0.94, 0.9, fill=False, lw=2,
-                                    edgecolor="#d7191c"))
-    grid_ax.set(xlim=(0, len(q_lens)), ylim=(0, tiles), xlabel="program_id(0): request",
-                ylabel="program_id(2): query tile")
+    work = plan.work_items()
+    palette = ["#2c7fb8", "#41ab5d", "#8856a7", "#e6550d", "#636363"]
+    for i, (r, t) in enumerate(work):
+        lo = t * plan.block_q
+        top = len(work) - 1 - i
+        grid_ax.add_patch(plt.Rectangle((0, top), 0.96, 0.9, color=palette[r % len(palette)]))
+        grid_ax.text(0.48, top + 0.45, f"request {r}: tokens {lo}..{min(q_lens[r], lo + plan.block_q) - 1}",
+                     ha="center", va="center", fontsize=7, color="white")
+        if (r, t) == (request, 0):
+            grid_ax.add_patch(plt.Rectangle((0, top), 0.96, 0.9, fill=False, lw=2, edgecolor="#d7191c"))
+    grid_ax.set(xlim=(0, 1), ylim=(0, len(work)), xticks=[], ylabel="program_id(0): work item")
     grid_ax.set_title(title or f"grid {plan.grid} (KV head 0)", fontsize=9)
-    grid_ax.set_xticks([r + 0.47 for r in range(len(q_lens))],
-                       [f"{n} new / {s}" for n, s in zip(q_lens, seq_lens)], fontsize=7)
-    grid_ax.set_yticks([tiles - 0.55 - t for t in range(tiles)], [str(t) for t in range(tiles)],
+    grid_ax.set_yticks([len(work) - 0.55 - i for i in range(len(work))], [str(i) for i in range(len(work))],
                        fontsize=7)
     q_len, ctx = q_lens[request], seq_lens[request] - q_lens[request]
     rows = min(plan.block_m, 16)
