@@ -22,7 +22,8 @@ from ._harness import CheckReport, Mistake, WrongAnswer, catalogue
 from .puzzle_harness import (CHEAT_MISTAKE, LAUNCH_MISTAKE, OVERRUN_MISTAKE, LEGEND, Case, Puzzle,
                              Run, access_grid, check_puzzle, trace_report)
 
-__all__ = ["check_kernel_puzzle", "trace_kernel_puzzle", "show_reference", "PUZZLES", "puzzle"]
+__all__ = ["check_kernel_puzzle", "trace_kernel_puzzle", "show_reference", "print_puzzle_mistakes",
+           "PUZZLES", "puzzle", "MISTAKES"]
 
 PAD_SLOT_ID = -1
 F32 = 4  # bytes per fp32 element
@@ -140,6 +141,25 @@ def _one_past(case_dict, lens, block_size):
     return out
 
 
+RANDOM_CASES = 8  # per puzzle, besides the hand-picked ones
+
+
+def _random(n: int, make) -> tuple:
+    """A property of ``RANDOM_CASES`` seeded cases: ``make(k, pick)`` builds case k.
+
+    ``pick(options)`` draws one of ``options`` and ``pick(lo, hi)`` an int in
+    ``[lo, hi]``, from a generator seeded by the puzzle number.
+    """
+    g = torch.Generator().manual_seed(1000 + n)
+
+    def pick(*a):
+        if len(a) == 1:
+            return a[0][int(torch.randint(len(a[0]), (1,), generator=g))]
+        return int(torch.randint(a[0], a[1] + 1, (1,), generator=g))
+
+    return (f"{RANDOM_CASES} random cases", [make(k, pick) for k in range(RANDOM_CASES)])
+
+
 # ------------------------------------------------- puzzle 1: slots per request
 
 def reference_slots_per_request(query_start_loc, positions, block_table,
@@ -244,6 +264,9 @@ def _puzzle_1():
     return Puzzle(
         "puzzle 1",
         [("maps every request's tokens and pads the tail with -1", cases),
+         _random(1, lambda k, pick: _slots_case(
+             f"random case {k}", 100 + k, q_lens=[pick(0, 30) for _ in range(pick(1, 4))],
+             block_size=pick((1, 4, 16, 128)), pad=pick(0, 8))),
          ("slots past 2**31 do not overflow", wide)],
         data=("positions", "out"),
         mistakes=[(INT32_SLOTS, _slots_wrap), (FROM_ZERO, _slots_from_zero)],
@@ -301,7 +324,9 @@ def _puzzle_2():
         one_row = int(what.split()[0]) <= case.info["per_slot"]
         return OFF_BY_ONE_STORE if one_row else WHOLE_BLOCK
 
-    return Puzzle("puzzle 2", [("gathers one request's keys in order", cases)],
+    rand = _random(2, lambda k, pick: _gather_case(f"random case {k}", 100 + k, seq_len=pick(1, 40),
+                                                    block_size=pick((1, 4, 16))))
+    return Puzzle("puzzle 2", [("gathers one request's keys in order", cases), rand],
         data=("key_cache", "out"),
                   mistakes=[(IN_ORDER, in_order)], read_mistake=_cache_read_mistake,
                   overrun_mistake=overrun, picture=picture, atol=0.0)
@@ -326,6 +351,7 @@ def _attend_case(label, seed, *, n, head_dim=16, big=False):
     scale = head_dim ** -0.5
     args = dict(q=q, k=k, v=v, scale=scale)
     return Case(label, args, reference_attend(q, k, v, scale), minimum=F32 * head_dim * (2 * n + 2),
+                info=dict(big=big),
                 needs=dict(q=F32 * head_dim, k=F32 * n * head_dim, v=F32 * n * head_dim,
                            out=F32 * head_dim))
 
@@ -366,11 +392,19 @@ def _puzzle_3():
         grid = access_grid(run, case, "k", k.shape[0], 8, "k")
         return grid + "\n(a cell: 8 rows of k)\n" + LEGEND
 
+    def explain(case, got):
+        # NaN with small scores: only the NaN guard rows past n can have put it there
+        # (on a GPU, where loads are not traced).
+        if not case.info["big"] and isinstance(got, torch.Tensor) and bool(torch.isnan(got.cpu()).any()):
+            return READ_TILE
+        return None
+
     return Puzzle("puzzle 3", [
         ("equals the exact softmax for n = 32, 5 and 1", cases),
+        _random(3, lambda k, pick: _attend_case(f"random case {k}", 100 + k, n=pick(1, 32))),
         ("stays finite with scores near 400", big)],
         data=("q", "k", "v", "out"),
-        mistakes=[(NO_SCALE, no_scale), (PAD_SCORES, pad_scores)], read_mistake=read,
+        mistakes=[(NO_SCALE, no_scale), (PAD_SCORES, pad_scores)], read_mistake=read, explain=explain,
         nan_mistake=NO_MAX, picture=picture, guard_rows=TILE_3)
 
 
@@ -432,16 +466,23 @@ def _puzzle_4():
                 "\n(a cell: a row of x's wider buffer)\n" + LEGEND)
 
     def explain(case, got):
-        # Not finite where the answer is: only the m = -inf case makes a row of
-        # finite entries come out NaN (or -inf, behind a guard on l).
+        # Not finite where the answer is: in a row that starts with -inf, the
+        # m = -inf case (NaN, or -inf behind a guard on l); elsewhere, a read
+        # of the NaN past the row (seen here on a GPU, where loads are not traced).
         want = case.want
         if isinstance(got, torch.Tensor) and got.shape == want.shape:
-            if bool((~torch.isfinite(got.cpu()) & torch.isfinite(want)).any()):
+            x = case.views["x"](case.args["x"])
+            bad = ~torch.isfinite(got.cpu()) & torch.isfinite(want)
+            if bool((bad & (x[:, 0] == float("-inf"))).any()):
                 return FIRST_TILE
+            if bool(bad.any()):  # a row of finite entries: NaN came from outside the row
+                return PAST_ROW
         return None
 
     return Puzzle("puzzle 4", [
         ("log-sum-exp of rows longer than a tile", cases),
+        _random(4, lambda k, pick: _lse_case(f"random case {k}", 100 + k, rows=pick(1, 3), n=pick(1, 70),
+                                             pad=pick(1, 5))),
         ("rows that start with -inf, and a row all -inf", inf)],
         data=("x", "out"),
         mistakes=[(LOG2_LSE, log2_lse), (NO_MAX_BACK, no_max_back)], read_mistake=read, explain=explain,
@@ -497,7 +538,10 @@ def _puzzle_5():
              _decode_case("block size 16", 3, lens=[40, 9], block_size=16),
              _decode_case("block size 1", 4, lens=[6, 3], block_size=1)]
     return Puzzle("puzzle 5", [
-        ("equals the reference on scattered tables", cases)],
+        ("equals the reference on scattered tables", cases),
+        _random(5, lambda k, pick: _decode_case(f"random case {k}", 100 + k,
+                                                lens=[pick(1, 40) for _ in range(pick(1, 3))],
+                                                block_size=pick((1, 4, 16))))],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=_decode_models(), read_mistake=_cache_read_mistake,
         nan_mistake=READ_PAST, picture=_decode_picture)
@@ -528,6 +572,13 @@ def _wrong_head(c):
     return _attention(a["q"], kc, vc, a["block_table"], a["seq_lens"], qsl, a["scale"])
 
 
+def _random_gqa(k, pick):
+    heads, kv_heads = pick(((9, 3), (8, 2), (6, 2), (4, 4), (6, 1), (5, 1)))
+    return _decode_case(f"random case {k} ({heads} heads over {kv_heads})", 100 + k,
+                        lens=[pick(1, 40) for _ in range(pick(1, 3))], heads=heads,
+                        kv_heads=kv_heads, head_dim=16, block_size=pick((1, 4, 16)))
+
+
 def _puzzle_6():
     cases = [_decode_case("9 query heads over 3 KV heads (a group of 3)", 1, lens=[13, 30, 4],
                           heads=9, kv_heads=3, head_dim=16),
@@ -537,7 +588,7 @@ def _puzzle_6():
                           head_dim=16)]
     models = _decode_models() + [(WRONG_HEAD, _wrong_head)]
     return Puzzle("puzzle 6", [
-        ("equals the reference for groups of 3, 4 and 1", cases)],
+        ("equals the reference for groups of 3, 4 and 1", cases), _random(6, _random_gqa)],
         data=("q", "key_cache", "value_cache", "out"), mistakes=models,
         read_mistake=_gqa_read, overrun_mistake=PADDING_ROWS, nan_mistake=READ_PAST,
         picture=lambda c, r: _decode_picture(c, r, "(request, KV head)"))
@@ -599,6 +650,13 @@ def _prefill_model(causal_shift=None, from_zero=False):
     return model
 
 
+def _random_prefill(k, pick):
+    q_lens = [pick(1, 24) for _ in range(pick(1, 3))]
+    lens = [q + pick(0, 20) for q in q_lens]
+    return _prefill_case(f"random case {k}", 100 + k, lens=lens, q_lens=q_lens,
+                         block_size=pick((1, 4, 16)))
+
+
 def _puzzle_7():
     cases = [_prefill_case("one request, no context", 1, lens=[12], q_lens=[12]),
              _prefill_case("a chunk after 20 tokens of context", 2, lens=[30], q_lens=[10]),
@@ -606,7 +664,8 @@ def _puzzle_7():
              _prefill_case("three requests: a chunk, a decode, a whole prompt", 4,
                            lens=[19, 9, 6], q_lens=[7, 1, 6], block_size=16)]
     return Puzzle("puzzle 7", [
-        ("equals causal attention for chunks with and without context", cases)],
+        ("equals causal attention for chunks with and without context", cases),
+        _random(7, _random_prefill)],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=[(NO_CAUSAL, _prefill_model()), (FROM_ZERO_Q, _prefill_model(0, from_zero=True)),
                   (SELF_MASKED, _prefill_model(-1))] + _decode_models()[:1],
@@ -635,15 +694,15 @@ def reference_split_partials(q, key_cache, value_cache, block_table,
         n = int(seq_lens[r])
         k = reference_gather(key_cache, block_table[r], n).float()
         v = reference_gather(value_cache, block_table[r], n).float()
-        for s in range(num_splits):
-            lo, hi = s * seg, min((s + 1) * seg, n)
+        for split in range(num_splits):
+            lo, hi = split * seg, min((split + 1) * seg, n)
             if lo >= hi:
                 continue
-            s2 = torch.einsum("hd,khd->hk", q[r].float(), k[lo:hi])
-            s2 = s2 * scale * LOG2E  # base 2: exp(x) = 2 ** (x log2(e))
-            lse[s, r] = torch.logsumexp(s2 / LOG2E, -1) * LOG2E
-            p = torch.softmax(s2 / LOG2E, -1)
-            partial[s, r] = torch.einsum("hk,khd->hd", p, v[lo:hi])
+            s = torch.einsum("hd,khd->hk", q[r].float(), k[lo:hi]) * scale
+            p = torch.softmax(s, -1)
+            partial[split, r] = torch.einsum("hk,khd->hd", p, v[lo:hi])
+            # log2(sum(exp(s))) = ln(sum(exp(s))) * log2(e)
+            lse[split, r] = torch.logsumexp(s, -1) * LOG2E
     return partial, lse
 
 
@@ -694,7 +753,10 @@ def _puzzle_8():
         return partial.repeat(S, 1, 1, 1), lse.repeat(S, 1, 1)
 
     return Puzzle("puzzle 8", [
-        ("partials and base-2 lse for 1, 3 and 4 splits, empty segments included", cases)],
+        ("partials and base-2 lse for 1, 3 and 4 splits, empty segments included", cases),
+        _random(8, lambda k, pick: _split_case(f"random case {k}", 100 + k,
+                                               lens=[pick(1, 40) for _ in range(pick(1, 3))],
+                                               num_splits=pick(1, 5), block_size=pick((1, 4, 16))))],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=[(NATURAL_LSE, natural), (WHOLE_SEQUENCE, whole)], read_mistake=_cache_read_mistake,
         nan_mistake=EMPTY_SEGMENT, picture=_split_picture, atol=5e-4)
@@ -761,6 +823,8 @@ def _puzzle_9():
 
     return Puzzle("puzzle 9", [
         ("merges 4, 1 and 3 splits, empty segments included", cases),
+        _random(9, lambda k, pick: _merge_case(f"random case {k}", 100 + k, splits=(n := pick(1, 6)),
+                                               rows=pick(1, 3), empty=pick(0, n - 1))),
         ("stays finite with lse near 200", big)],
         data=("partial", "lse", "out"), mistakes=[(EXP_NOT_EXP2, exp_e),
                                                                  (NOT_NORMALISED, not_norm)],
@@ -816,6 +880,13 @@ def _refuses(fn):
                               NOT_REFUSED.diagnosis())
 
 
+def _random_copy(k, pick):
+    blocks = torch.randperm(8, generator=torch.Generator().manual_seed(100 + k)).tolist()
+    n = pick(1, 4)  # n sources and n destinations, all distinct
+    return _copy_case(f"random case {k}", 100 + k, layers=pick(1, 3),
+                      pairs=[[blocks[i], blocks[n + i]] for i in range(n)])
+
+
 def _puzzle_10():
     cases = [_copy_case("one pair, one layer", 1, layers=1, pairs=[[2, 5]]),
              _copy_case("three pairs, three layers (six caches)", 2, layers=3,
@@ -829,7 +900,7 @@ def _puzzle_10():
         return first + tuple(t.clone() for t in c.args["caches"][1:])
 
     return Puzzle("puzzle 10", [
-        ("copies every pair in every cache, nothing else", cases)],
+        ("copies every pair in every cache, nothing else", cases), _random(10, _random_copy)],
         data=("caches",), mistakes=[(SWAPPED, swapped), (ONE_LAYER, one)],
         result=lambda got, args: tuple(args["caches"]), picture=_copy_picture, atol=0.0,
         extra=[("refuses overlapping pairs (ValueError naming the block), changing nothing",
@@ -906,10 +977,34 @@ def trace_kernel_puzzle(n: int, fn) -> None:
     print(trace_report(puzzle(n), fn, _PICTURE[n]()))
 
 
-catalogue(check_kernel_puzzle, [INT32_SLOTS, FROM_ZERO, NO_PADDING, QSL_PAST, TOKEN_PAST, TABLE_PAST,
-                                IN_ORDER, WHOLE_BLOCK, OFF_BY_ONE_STORE, READ_PAST, OFF_BY_ONE_READ, NO_SCALE, NO_MAX,
-                                PAD_SCORES, ROW_PAST, READ_TILE, FIRST_TILE, PAST_ROW, LOG2_LSE,
-                                NO_MAX_BACK, PADDING_ROWS, WRONG_HEAD, NO_CAUSAL, FROM_ZERO_Q, SELF_MASKED,
-                                NATURAL_LSE, EMPTY_SEGMENT, WHOLE_SEQUENCE, EXP_NOT_EXP2, NOT_NORMALISED,
-                                MERGE_OVERFLOW, SWAPPED, ONE_LAYER, NOT_REFUSED, OVERRUN_MISTAKE,
-                                LAUNCH_MISTAKE, CHEAT_MISTAKE])
+#: The mistakes each puzzle's check names, in the order it tries them.
+MISTAKES = {
+    1: [OVERRUN_MISTAKE, INT32_SLOTS, FROM_ZERO, QSL_PAST, TOKEN_PAST, TABLE_PAST, NO_PADDING],
+    2: [OFF_BY_ONE_STORE, WHOLE_BLOCK, IN_ORDER, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
+    3: [OVERRUN_MISTAKE, NO_SCALE, PAD_SCORES, ROW_PAST, READ_TILE, NO_MAX],
+    4: [OVERRUN_MISTAKE, LOG2_LSE, NO_MAX_BACK, PAST_ROW, FIRST_TILE],
+    5: [OVERRUN_MISTAKE, IN_ORDER, NO_SCALE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
+    6: [PADDING_ROWS, IN_ORDER, NO_SCALE, WRONG_HEAD, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
+    7: [OVERRUN_MISTAKE, NO_CAUSAL, FROM_ZERO_Q, SELF_MASKED, IN_ORDER, TABLE_PAST, OFF_BY_ONE_READ,
+        READ_PAST],
+    8: [OVERRUN_MISTAKE, NATURAL_LSE, WHOLE_SEQUENCE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST,
+        EMPTY_SEGMENT],
+    9: [OVERRUN_MISTAKE, EXP_NOT_EXP2, NOT_NORMALISED, MERGE_OVERFLOW],
+    10: [OVERRUN_MISTAKE, SWAPPED, ONE_LAYER, NOT_REFUSED],
+}
+
+
+def print_puzzle_mistakes(width: int = 79) -> None:
+    """Print, puzzle by puzzle, the mistakes its check names (and, for all, two more)."""
+    import textwrap
+
+    for n, mistakes in MISTAKES.items():
+        print(f"puzzle {n}:")
+        for m in mistakes:
+            print(textwrap.fill(m.diagnosis(), width, initial_indent="- ", subsequent_indent="  "))
+    print("every puzzle:")
+    for m in (LAUNCH_MISTAKE, CHEAT_MISTAKE):
+        print(textwrap.fill(m.diagnosis(), width, initial_indent="- ", subsequent_indent="  "))
+
+
+catalogue(check_kernel_puzzle, *MISTAKES.values(), [LAUNCH_MISTAKE, CHEAT_MISTAKE])
