@@ -218,6 +218,8 @@ def _puzzle_args():
     return {
         "slots_per_request_kernel": ((qsl, _meta(4096, dtype=i64), table, width, _meta(4160, dtype=i64),
                                       4096, 4160, 16), dict(PAD_ID=-1, TILE=16)),
+        "decode_unmasked_kernel": ((q, cache, cache, _meta(reqs, 264, dtype=i32), lens, q, scale, HEADS, 16,
+                                    264), dict(HEAD_DIM=hd, TILE=128)),
         "gather_kernel": ((_meta(1, 16, KV_HEADS, hd, dtype=f32), _meta(width, dtype=i32),
                            _meta(4096, KV_HEADS, hd, dtype=f32), 4096, 16),
                           dict(WIDTH=KV_HEADS * hd, SLOTS=16)),

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "07b_kernel_puzzles.ipynb"
 WRAPPERS = {1: "slots_per_request", 2: "gather_k", 3: "attend_one_tile", 4: "row_logsumexp",
             5: "decode_mha", 6: "decode_gqa", 7: "prefill_chunk", 8: "split_partials",
-            9: "merge_splits", 10: "copy_blocks_all_layers"}
+            9: "merge_splits", 10: "copy_blocks_all_layers", 11: "decode_unmasked"}
 
 
 def main() -> int:

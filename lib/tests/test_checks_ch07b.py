@@ -31,7 +31,7 @@ SOLUTION = ROOT / "solutions" / "07b_kernel_puzzles.ipynb"
 EXERCISE = ROOT / "exercises" / "07b_kernel_puzzles.ipynb"
 NAMES = {1: "slots_per_request", 2: "gather_k", 3: "attend_one_tile", 4: "row_logsumexp",
          5: "decode_mha", 6: "decode_gqa", 7: "prefill_chunk", 8: "split_partials",
-         9: "merge_splits", 10: "copy_blocks_all_layers"}
+         9: "merge_splits", 10: "copy_blocks_all_layers", 11: "decode_unmasked"}
 interpreted = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -43,7 +43,7 @@ def _source(notebook: Path, n: int) -> str:
 
 def _load(src: str, name: str, tag: str):
     path = Path(tempfile.mkdtemp()) / f"_puzzle_{tag}.py"
-    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
+    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -121,8 +121,8 @@ def test_reference_source_fits_the_column(n, capsys):
 
 
 def test_a_puzzle_that_does_not_exist_is_refused():
-    with pytest.raises(ValueError, match="there is no puzzle 11"):
-        checks.check_kernel_puzzle(11, print)
+    with pytest.raises(ValueError, match="there is no puzzle 12"):
+        checks.check_kernel_puzzle(12, print)
     with pytest.raises(TypeError, match="n must be an int, got bool True"):
         checks.show_reference(True)
 
@@ -246,6 +246,21 @@ def test_p10_mistakes_are_named():
     assert "Diagnosis: overlapping pairs accepted" in next(iter(failed.values()))
 
 
+def test_p11_mistakes_are_named():
+    unpadded = variant(11, ("q, key_cache, value_cache, table, seq_lens", "q, key_cache, value_cache, block_table, seq_lens"),
+                       ("block_size, table.stride(0)", "block_size, block_table.stride(0)"))
+    assert_named(11, unpadded, "the table not padded to 128 tokens", traced_only=True)
+    one_more = variant(11, ("width = triton.cdiv(block_table.shape[1], align) * align",
+                            "width = block_table.shape[1] + 1"))
+    assert_named(11, one_more, "the table not padded to 128 tokens", traced_only=True)
+    assert_named(11, variant(11, (" * scale, ", ", ")), "no scale")
+
+
+def test_p11_width_is_vllms():
+    assert [puzzles.reference_table_width(n, bs) for n, bs in ((5, 16), (13, 4), (30, 1), (1, 128), (3, 48))] == \
+        [8, 32, 128, 1, 8]  # 48-token blocks: 8 of them are 384 tokens, 3 x 128
+
+
 # ------------------------------------------------------------ wasteful answers pass, with their score
 
 TWO_PASS_4 = """@triton.jit
@@ -321,6 +336,8 @@ def _wasteful():
                              "    w = tl.exp2(lse - top)"))
     q_every_tile = variant(5, ("    for start in range(0, seq_len, TILE):\n",
                                "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
+    q_every_tile_11 = variant(11, ("    for start in range(0, seq_len, TILE):\n",
+                                   "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
     per_query_head = variant(6, ("kv_head = tl.program_id(1)", "qh = tl.program_id(1)\n    kv_head = qh // GROUP"),
                              ("head = kv_head * GROUP + g", "head = qh + g"), ("g_ok = g < GROUP", "g_ok = g < 1"),
                              ("[(num_reqs, num_kv_heads)]", "[(num_reqs, num_heads)]"))
@@ -330,7 +347,7 @@ def _wasteful():
     return {1: (every_program_pads, "out"), 2: (per_head, "key_cache"), 3: (reload_k, "k"),
             4: (_load(TWO_PASS_4, "row_logsumexp", "two_pass4"), "x"), 5: (q_every_tile, "q"),
             6: (per_query_head, "key_cache"), 7: (one_query_row, "key_cache"), 8: (q_every_tile_8, "q"),
-            9: (reload_lse, "lse"), 10: (_load(EVERY_CACHE_10, "copy_blocks_all_layers", "every10"), "caches[0]")}
+            9: (reload_lse, "lse"), 11: (q_every_tile_11, "q"), 10: (_load(EVERY_CACHE_10, "copy_blocks_all_layers", "every10"), "caches[0]")}
 
 
 @pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")

@@ -38,7 +38,8 @@ def _wrap32(x: torch.Tensor) -> torch.Tensor:
 # slot no request owns holds NaN, and so do the slots past a request's
 # length in its last block. Unused table columns point at poisoned blocks.
 
-def paged_case(seed: int, *, lens, heads=2, kv_heads=2, head_dim=8, block_size=4, free=2):
+def paged_case(seed: int, *, lens, heads=2, kv_heads=2, head_dim=8, block_size=4, free=2,
+               spare_columns=1):
     """K/V caches, a block table and the masks of what may be read, for ``lens`` tokens per request."""
     g = torch.Generator().manual_seed(seed)
     need = [cdiv(n, block_size) for n in lens]
@@ -46,7 +47,7 @@ def paged_case(seed: int, *, lens, heads=2, kv_heads=2, head_dim=8, block_size=4
     ids = torch.randperm(num_blocks, generator=g).tolist()
     unused = ids[:free]
     ids = ids[free:]
-    width = max(need) + 1
+    width = max(need) + spare_columns
     cells = len(lens) * width
     table = torch.tensor(unused * cells, dtype=torch.int32)[:cells].view(len(lens), width).clone()
     shape = (num_blocks, block_size, kv_heads, head_dim)
@@ -491,9 +492,10 @@ def _puzzle_4():
 
 # ------------------------------------------------------ puzzle 5: paged decode
 
-def _decode_case(label, seed, *, lens, heads=2, kv_heads=2, head_dim=8, block_size=4):
+def _decode_case(label, seed, *, lens, heads=2, kv_heads=2, head_dim=8, block_size=4,
+                 spare_columns=1):
     p = paged_case(seed, lens=lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                   block_size=block_size)
+                   block_size=block_size, spare_columns=spare_columns)
     q = torch.randn(len(lens), heads, head_dim, generator=p["g"])
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     args = dict(q=q, key_cache=p["key_cache"], value_cache=p["value_cache"],
@@ -919,10 +921,52 @@ def _copy_picture(case, run):
             + LEGEND)
 
 
+# ------------------------------------ puzzle 11: vLLM's unmasked table load
+
+TOKEN_ALIGNMENT = 128  # vLLM's block-table rows are a whole number of 128-token spans
+
+
+def reference_table_width(max_num_blocks, block_size):
+    """vLLM's table width: max_num_blocks, rounded up to 128-token spans."""
+    # The fewest blocks that make a whole number of 128-token spans:
+    align = TOKEN_ALIGNMENT // math.gcd(TOKEN_ALIGNMENT, block_size)
+    return cdiv(max_num_blocks, align) * align
+
+
+NOT_PADDED = Mistake("the table not padded to 128 tokens", "an unmasked table load of a "
+                     "128-key tile names columns up to the tile's end, past the request's "
+                     "blocks; only a row at least as wide as the tiles (a multiple of 128 "
+                     "tokens, vLLM's get_block_table_width) keeps them inside the row, and "
+                     "inside the table for the last row: copy the table into zeros of that width")
+
+
+def _unmasked_read(case, name, idx):
+    if name == "block_table":
+        return NOT_PADDED
+    return _cache_read_mistake(case, name, idx)
+
+
+def _puzzle_11():
+    def case(label, seed, lens, block_size):
+        return _decode_case(label, seed, lens=lens, block_size=block_size, spare_columns=0)
+
+    cases = [case("block size 16: 5 columns, padded to 8", 1, [40, 9, 70], 16),
+             case("block size 4: 13 columns, padded to 32", 2, [13, 50], 4),
+             case("block size 1: 30 columns, padded to 128", 3, [5, 30], 1),
+             case("block size 128: one column, already aligned", 4, [100, 7], 128)]
+    rand = _random(11, lambda k, pick: case(f"random case {k}", 100 + k,
+                                            [pick(1, 70) for _ in range(pick(1, 3))],
+                                            pick((1, 2, 4, 8, 16, 32, 64, 128, 256))))
+    return Puzzle("puzzle 11", [("equals the reference, the table loads in bounds", cases), rand],
+                  data=("q", "key_cache", "value_cache", "out"), mistakes=_decode_models(),
+                  read_mistake=_unmasked_read, tail_read_mistake=NOT_PADDED, nan_mistake=READ_PAST,
+                  picture=_decode_picture, guard_rows=TOKEN_ALIGNMENT)
+
+
 # ----------------------------------------------------------------- the ladder
 
 _BUILDERS = {1: _puzzle_1, 2: _puzzle_2, 3: _puzzle_3, 4: _puzzle_4, 5: _puzzle_5, 6: _puzzle_6,
-             7: _puzzle_7, 8: _puzzle_8, 9: _puzzle_9, 10: _puzzle_10}
+             7: _puzzle_7, 8: _puzzle_8, 9: _puzzle_9, 10: _puzzle_10, 11: _puzzle_11}
 PUZZLES = tuple(sorted(_BUILDERS))
 _built: dict = {}
 
@@ -938,6 +982,7 @@ _PICTURE = {
     8: lambda: _split_case("picture", 7, lens=[9, 3], num_splits=3),
     9: lambda: _merge_case("picture", 7, splits=3, empty=1),
     10: lambda: _copy_case("picture", 7, layers=2, pairs=[[0, 7], [3, 1]]),
+    11: lambda: _decode_case("picture", 7, lens=[7, 5], block_size=4, spare_columns=0),
 }
 
 
@@ -960,7 +1005,8 @@ def check_kernel_puzzle(n: int, fn, timeout: float = 60.0) -> CheckReport:
 _REFERENCES = {1: "reference_slots_per_request", 2: "reference_gather", 3: "reference_attend",
                4: "reference_logsumexp", 5: "reference_paged_attention",
                6: "reference_paged_attention", 7: "reference_paged_attention",
-               8: "reference_split_partials", 9: "reference_merge", 10: "reference_copy_blocks"}
+               8: "reference_split_partials", 9: "reference_merge", 10: "reference_copy_blocks",
+               11: "reference_table_width"}
 
 
 def show_reference(n: int) -> None:
@@ -991,6 +1037,7 @@ MISTAKES = {
         EMPTY_SEGMENT],
     9: [OVERRUN_MISTAKE, EXP_NOT_EXP2, NOT_NORMALISED, MERGE_OVERFLOW],
     10: [OVERRUN_MISTAKE, SWAPPED, ONE_LAYER, NOT_REFUSED],
+    11: [OVERRUN_MISTAKE, NOT_PADDED, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, READ_PAST],
 }
 
 

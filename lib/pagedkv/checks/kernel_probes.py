@@ -194,6 +194,11 @@ class GuardedAllocations(TorchFunctionMode):
                 found.append(f"{written} element(s) past the end of a {list(shape)} buffer it allocated")
         return found
 
+    def tails(self) -> list[tuple[int, int, tuple]]:
+        """``(first byte, end byte, shape)`` of each guarded tail: a traced load there read past a buffer."""
+        return [(buf.data_ptr() + n * buf.element_size(), buf.data_ptr() + buf.numel() * buf.element_size(),
+                 shape) for buf, n, shape in self.buffers]
+
 
 @contextmanager
 def guarded_allocations():

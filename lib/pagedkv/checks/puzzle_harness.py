@@ -17,9 +17,10 @@ runs the learner's wrapper on a case with:
   skipped (``skipped_triton_launches``): an answer still right then was
   computed by PyTorch, not by the kernel.
 
-A wrong answer is named in this order: a store past the output, a read of
-an element the kernel must not read (traced), the mistake whose model gives
-the same answer, NaN. The trace also gives the bytes the kernel moved in
+A wrong answer is named in this order: a store past an allocated buffer, a
+load past one (traced), the mistake whose model gives the same answer, a
+load of an element the kernel must not read (traced), the puzzle's own
+explanation, NaN. The trace also gives the bytes the kernel moved in
 the data tensors, counted once per load or store instruction (the lanes of
 one instruction that read one address are one read; a second instruction
 that reads it again is a second read), against the puzzle's minimum: the
@@ -44,7 +45,7 @@ from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_
                             skipped_triton_launches, traced_accesses)
 
 __all__ = ["Case", "Puzzle", "Run", "run_case", "check_puzzle", "bytes_moved", "trace_report",
-           "LAUNCH_MISTAKE", "CHEAT_MISTAKE", "OVERRUN_MISTAKE"]
+           "LAUNCH_MISTAKE", "CHEAT_MISTAKE", "OVERRUN_MISTAKE", "TAIL_READ_MISTAKE"]
 
 LAUNCH_MISTAKE = Mistake("no kernel", "the puzzle is the kernel: launch your @triton.jit "
                          "function as kernel[grid](...)")
@@ -53,6 +54,8 @@ CHEAT_MISTAKE = Mistake("computed outside the kernel", "with every Triton launch
                         "launches; every value comes from a tl.store")
 OVERRUN_MISTAKE = Mistake("stores past the output", "mask every tl.store to the elements that "
                           "exist")
+TAIL_READ_MISTAKE = Mistake("loads past a buffer it allocated", "mask every tl.load to the "
+                            "elements that exist")
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Puzzle:
     explain: Callable | None = None  # (case, got) -> Mistake | None, after the models
     #: what a store past the output means here: a Mistake, or (case, overrun) -> Mistake
     overrun_mistake: Any = None
+    tail_read_mistake: Mistake | None = None  # a load past the end of a buffer the wrapper allocated
     guard_rows: int = 1  # guard rows around every tensor argument
 
 
@@ -110,6 +114,7 @@ class Run:
     accesses: list
     overruns: list
     launches: int
+    tails: list = field(default_factory=list)  # guarded tails of the buffers the call allocated
 
 
 def _guarded(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -147,7 +152,7 @@ def run_case(fn, case: Case, puzzle: Puzzle) -> Run:
         warnings.simplefilter("ignore", RuntimeWarning)
         got = fn(**given)
     got = puzzle.result(got, args) if puzzle.result else got
-    return Run(got, args, acc, allocs.overruns(), n.count)
+    return Run(got, args, acc, allocs.overruns(), n.count, allocs.tails())
 
 
 def _named_tensors(args: dict) -> dict:
@@ -272,6 +277,19 @@ def trace_report(puzzle: Puzzle, fn, case: Case) -> str:
     return "\n".join(lines)
 
 
+def _tail_reads(run: Run) -> str | None:
+    """Describe the first traced load past the end of a buffer the call allocated (``None``: none)."""
+    loads = [a.addresses for a in run.accesses if a.kind == "load"]
+    if not loads:
+        return None
+    addresses = np.concatenate(loads)
+    for start, end, shape in run.tails:
+        n = int(((addresses >= start) & (addresses < end)).sum())
+        if n:
+            return f"{n} element(s) past the end of a {list(shape)} buffer it allocated"
+    return None
+
+
 def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None:
     """Raise the ``WrongAnswer`` that names what went wrong, if anything did."""
     if run.overruns:
@@ -279,6 +297,10 @@ def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None
         if callable(mistake):
             mistake = mistake(case, run.overruns[0])
         raise WrongAnswer(f"{case.label}: it wrote {run.overruns[0]}", mistake.diagnosis())
+    past = _tail_reads(run)
+    if past:
+        raise WrongAnswer(f"{case.label}: it loaded {past}",
+                          (puzzle.tail_read_mistake or TAIL_READ_MISTAKE).diagnosis())
     # A model that answers the same (NaN where it reads poison too) names the mistake best.
     for mistake, model in puzzle.mistakes if problem else ():
         try:
