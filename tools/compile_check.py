@@ -227,6 +227,8 @@ def _puzzle_args():
                            _meta(hd, dtype=f32), 32, scale), dict(HEAD_DIM=hd, TILE=32)),
         "logsumexp_kernel": ((_meta(64, 4096, dtype=f32), _meta(64, dtype=f32), 4096, 4096),
                              dict(TILE=16)),
+        "logsumexp_two_pass_kernel": ((_meta(64, 4096, dtype=f32), _meta(64, dtype=f32), 4096, 4096),
+                                      dict(TILE=16)),
         "decode_mha_kernel": ((q, cache, cache, table, lens, q, scale, HEADS, 16, width),
                               dict(HEAD_DIM=hd, TILE=16)),
         "decode_gqa_kernel": ((q, gqa_cache, gqa_cache, table, lens, q, scale, HEADS, KV_HEADS, 16, width),

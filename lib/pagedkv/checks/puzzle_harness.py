@@ -231,8 +231,11 @@ def _out_tensors(run: Run) -> list:
     return [t for t in _as_tuple(run.got) if isinstance(t, torch.Tensor)]
 
 
-def bytes_moved(run: Run, data: tuple) -> dict:
-    """Bytes each data tensor moved (loads and stores), counted once per instruction per address."""
+def bytes_moved(run: Run, data: tuple, kind: str | None = None) -> dict:
+    """Bytes each data tensor moved, counted once per instruction per address.
+
+    ``kind``: ``"load"`` or ``"store"`` to count only those; both by default.
+    """
     named = _named_tensors(run.args)
     tensors = {k: t for k, t in named.items() if k.split("[")[0] in data}
     if "out" in data:
@@ -240,12 +243,15 @@ def bytes_moved(run: Run, data: tuple) -> dict:
             tensors[f"out{i}" if len(_out_tensors(run)) > 1 else "out"] = t
     moved = dict.fromkeys(tensors, 0)
     for a in run.accesses:
+        if kind is not None and a.kind != kind:
+            continue
         for name, t in tensors.items():
             moved[name] += int(np.unique(_elements(a.addresses, t)).size) * t.element_size()
     return moved
 
 
-def _explain(case: Case, moved: dict) -> str:
+def _explain(case: Case, moved: dict, loaded: dict) -> str:
+    """The score line and, when it is over 1.00x, one sentence on the tensor that moved too much."""
     total = sum(moved.values())
     score = total / case.minimum
     line = f"bytes moved: {total:,} against a minimum of {case.minimum:,}: {score:.2f}x"
@@ -254,8 +260,10 @@ def _explain(case: Case, moved: dict) -> str:
         return line
     name = max(moved, key=lambda k: moved[k] - needs.get(k, 0))
     extra = moved[name] / needs[name] if needs.get(name) else float("inf")
-    return (f"{line}\nthe waste: {name} moved {moved[name]:,} bytes, {extra:.2f}x the "
-            f"{needs.get(name, 0):,} it needs")
+    how = {(True, False): "read", (False, True): "written"}.get(
+        (loaded[name] > 0, moved[name] > loaded[name]), "read and written")
+    return (f"{line}\nthe waste: {name}, {how} {moved[name]:,} bytes where "
+            f"{needs.get(name, 0):,} would do ({extra:.2f}x)")
 
 
 def trace_report(puzzle: Puzzle, fn, case: Case) -> str:
@@ -273,7 +281,7 @@ def trace_report(puzzle: Puzzle, fn, case: Case) -> str:
     problem = _compare(run.got, case.want, puzzle.atol)
     if problem:
         lines.append(f"(the answer is wrong: {problem})")
-    lines.append(_explain(case, bytes_moved(run, puzzle.data)))
+    lines.append(_explain(case, bytes_moved(run, puzzle.data), bytes_moved(run, puzzle.data, "load")))
     return "\n".join(lines)
 
 
