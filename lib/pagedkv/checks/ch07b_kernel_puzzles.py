@@ -17,6 +17,7 @@ import math
 import numpy as np
 import torch
 
+from .._device import default_device
 from ..common import cdiv
 from ._harness import CheckReport, Mistake, WrongAnswer, catalogue
 from .puzzle_harness import (CHEAT_MISTAKE, LAUNCH_MISTAKE, OVERRUN_MISTAKE, LEGEND, Case, Puzzle,
@@ -97,15 +98,12 @@ def reference_paged_attention(q, key_cache, value_cache, block_table,
     return out
 
 
-_attention = reference_paged_attention
-
-
 def _in_order(table, num_blocks):
     cols = torch.arange(table.shape[1], dtype=torch.int32).clamp(max=num_blocks - 1)
     return cols.repeat(table.shape[0], 1)
 
 
-def _cache_read_mistake(case, name, idx, *, block_size_of=None):
+def _cache_read_mistake(case, name, idx):
     """Name a read of a poisoned cache or table element."""
     if name == "block_table":
         return TABLE_PAST
@@ -501,7 +499,8 @@ def _decode_case(label, seed, *, lens, heads=2, kv_heads=2, head_dim=8, block_si
     args = dict(q=q, key_cache=p["key_cache"], value_cache=p["value_cache"],
                 block_table=p["block_table"], seq_lens=seq_lens, scale=head_dim ** -0.5)
     qsl = torch.arange(len(lens) + 1, dtype=torch.int32)
-    want = _attention(q, p["key_cache"], p["value_cache"], p["block_table"], seq_lens, qsl, args["scale"])
+    want = reference_paged_attention(q, p["key_cache"], p["value_cache"], p["block_table"], seq_lens, qsl,
+                                     args["scale"])
     kv = sum(lens) * kv_heads * head_dim * F32
     qb = q.numel() * F32
     return Case(label, args, want, may_read=dict(key_cache=p["cache_mask"], value_cache=p["cache_mask"],
@@ -517,12 +516,12 @@ def _decode_models():
         a["block_table"] = _in_order(a["block_table"], a["key_cache"].shape[0])
         kc, vc = a["key_cache"], a["value_cache"]  # NaN where the mistake reads poison
         qsl = torch.arange(a["q"].shape[0] + 1, dtype=torch.int32)
-        return _attention(a["q"], kc, vc, a["block_table"], a["seq_lens"], qsl, a["scale"])
+        return reference_paged_attention(a["q"], kc, vc, a["block_table"], a["seq_lens"], qsl, a["scale"])
 
     def no_scale(c):
         a = c.args
         qsl = torch.arange(a["q"].shape[0] + 1, dtype=torch.int32)
-        return _attention(a["q"], a["key_cache"], a["value_cache"], a["block_table"], a["seq_lens"],
+        return reference_paged_attention(a["q"], a["key_cache"], a["value_cache"], a["block_table"], a["seq_lens"],
                           qsl, 1.0)
 
     return [(IN_ORDER, in_order), (NO_SCALE, no_scale)]
@@ -571,7 +570,7 @@ def _wrong_head(c):
     group = a["q"].shape[1] // a["key_cache"].shape[2]
     kc, vc = (a[k].repeat(1, 1, group, 1) for k in ("key_cache", "value_cache"))
     qsl = torch.arange(a["q"].shape[0] + 1, dtype=torch.int32)
-    return _attention(a["q"], kc, vc, a["block_table"], a["seq_lens"], qsl, a["scale"])
+    return reference_paged_attention(a["q"], kc, vc, a["block_table"], a["seq_lens"], qsl, a["scale"])
 
 
 def _random_gqa(k, pick):
@@ -867,7 +866,6 @@ def _refuses(fn):
     for pairs, block in (([[1, 2], [2, 3]], 2), ([[1, 3], [4, 3]], 3)):
         caches = [torch.randn(6, 2, 1, 4) for _ in range(2)]
         before = [c.clone() for c in caches]
-        from .._device import default_device
         dev = [c.to(default_device()) for c in caches]
         try:
             fn(caches=dev, block_pairs=torch.tensor(pairs, device=default_device()))
