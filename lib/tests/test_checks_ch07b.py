@@ -360,3 +360,20 @@ def test_wasteful_answers_pass_and_their_trace_names_the_waste(capsys):
         assert got > 1.0, (n, got)
         assert f"the waste: {tensor}, " in text, (n, text)
         assert max(map(len, text.splitlines())) <= 79, text
+
+
+@pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")
+def test_the_picture_marks_a_read_of_poison():
+    # An off-by-one mask reads the slot at position seq_len: a '!' in its block's cell.
+    off_by_one = variant(2, ("(pos < seq_len)", "(pos <= seq_len)"))
+    text = puzzles.trace_report(puzzles.puzzle(2), off_by_one, puzzles._PICTURE[2]())
+    grid = text.split("\n(")[0]
+    assert grid.count("!") == 1 and "rr!." in grid
+
+
+def test_the_trace_says_so_when_it_cannot_trace(monkeypatch, capsys):
+    from pagedkv.checks import puzzle_harness
+
+    monkeypatch.setattr(puzzle_harness, "interpreted", lambda: False)
+    checks.trace_kernel_puzzle(1, solution(1))
+    assert capsys.readouterr().out.startswith("compiled kernels cannot be traced")
