@@ -109,7 +109,7 @@ def test_untouched_stub_prints_one_line(n, capsys):
 def test_solution_moves_the_minimum_and_its_picture_fits(n):
     got, text = score(n, solution(n))
     assert got == pytest.approx(1.0)
-    assert "1.00x" in text and "!" not in text.split("\n(")[0]
+    assert "1.00x" in text and "!" not in text.split("\n(a ")[0]
     assert max(map(len, text.splitlines())) <= 79
 
 
@@ -367,7 +367,7 @@ def test_the_picture_marks_a_read_of_poison():
     # An off-by-one mask reads the slot at position seq_len: a '!' in its block's cell.
     off_by_one = variant(2, ("(pos < seq_len)", "(pos <= seq_len)"))
     text = puzzles.trace_report(puzzles.puzzle(2), off_by_one, puzzles._PICTURE[2]())
-    grid = text.split("\n(")[0]
+    grid = text.split("\n(a ")[0]
     assert grid.count("!") == 1 and "rr!." in grid
 
 
