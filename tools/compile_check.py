@@ -204,8 +204,50 @@ def _decode_args(dtype=torch.bfloat16, hd=128):
              hd ** -0.5, HEADS, KV_HEADS, 16, 257), dict(GROUP=4, GROUP_P2=4, HEAD_DIM=hd, TILE=16))
 
 
+# The kernel puzzles (exercise 7b) are fp32 at the chapters' GPU shapes; the
+# constexprs are what the solutions' wrappers pass.
+def _puzzle_args():
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    hd, reqs, width = 128, 64, 257
+    q, cache = _meta(reqs, HEADS, hd, dtype=f32), _meta(1, 16, HEADS, hd, dtype=f32)
+    gqa_cache = _meta(1, 16, KV_HEADS, hd, dtype=f32)
+    table, lens = _meta(reqs, width, dtype=i32), _meta(reqs, dtype=i32)
+    qsl = _meta(reqs + 1, dtype=i32)
+    tokens = _meta(4096, HEADS, hd, dtype=f32)
+    scale = hd ** -0.5
+    return {
+        "slots_per_request_kernel": ((qsl, _meta(4096, dtype=i64), table, width, _meta(4160, dtype=i64),
+                                      4096, 4160, 16), dict(PAD_ID=-1, TILE=16)),
+        "decode_unmasked_kernel": ((q, cache, cache, _meta(reqs, 264, dtype=i32), lens, q, scale, HEADS, 16,
+                                    264), dict(HEAD_DIM=hd, TILE=128)),
+        "gather_kernel": ((_meta(1, 16, KV_HEADS, hd, dtype=f32), _meta(width, dtype=i32),
+                           _meta(4096, KV_HEADS, hd, dtype=f32), 4096, 16),
+                          dict(WIDTH=KV_HEADS * hd, SLOTS=16)),
+        "attend_kernel": ((_meta(hd, dtype=f32), _meta(32, hd, dtype=f32), _meta(32, hd, dtype=f32),
+                           _meta(hd, dtype=f32), 32, scale), dict(HEAD_DIM=hd, TILE=32)),
+        "logsumexp_kernel": ((_meta(64, 4096, dtype=f32), _meta(64, dtype=f32), 4096, 4096),
+                             dict(TILE=16)),
+        "logsumexp_two_pass_kernel": ((_meta(64, 4096, dtype=f32), _meta(64, dtype=f32), 4096, 4096),
+                                      dict(TILE=16)),
+        "decode_mha_kernel": ((q, cache, cache, table, lens, q, scale, HEADS, 16, width),
+                              dict(HEAD_DIM=hd, TILE=16)),
+        "decode_gqa_kernel": ((q, gqa_cache, gqa_cache, table, lens, q, scale, HEADS, KV_HEADS, 16, width),
+                              dict(GROUP=HEADS // KV_HEADS, ROWS=16, HEAD_DIM=hd, TILE=16)),
+        "prefill_kernel": ((tokens, cache, cache, table, lens, qsl, tokens, scale, HEADS, 16, width),
+                           dict(HEAD_DIM=hd, BLOCK_Q=16, TILE=16)),
+        "split_kernel": ((q, cache, cache, table, lens, _meta(8, reqs, HEADS, hd, dtype=f32),
+                          _meta(8, reqs, HEADS, dtype=f32), scale, reqs, HEADS, 16, width, 512),
+                         dict(HEAD_DIM=hd, TILE=16)),
+        "merge_kernel": ((_meta(8, reqs, HEADS, hd, dtype=f32), _meta(8, reqs, HEADS, dtype=f32), q,
+                          reqs * HEADS, 8), dict(SPLITS=8, HEAD_DIM=hd)),
+        "copy_blocks_kernel": ((_meta(64, dtype=i64), _meta(4, 2, dtype=i64), 16 * KV_HEADS * hd),
+                               dict(TILE=1024)),
+    }
+
+
 NOTEBOOK_LAUNCHES = {"slot_mapping_kernel": _slot_mapping_args, "kv_write_kernel": _kv_write_args,
-                     "decode_kernel": _decode_args}
+                     "decode_kernel": _decode_args,
+                     **{name: (lambda name=name: _puzzle_args()[name]) for name in _puzzle_args()}}
 
 
 @contextlib.contextmanager

@@ -48,6 +48,8 @@ EXCEPTIONS = {
     ("kernel_probes.py", "cls.run"): "counts Triton launches (a third-party class, restored on exit)",
     ("kernel_probes.py", "InterpreterBuilder.create_masked_load"): "records the addresses Triton's "
                                                                    "interpreter loads (restored on exit)",
+    ("kernel_probes.py", "InterpreterBuilder.create_masked_store"): "records the addresses Triton's "
+                                                                    "interpreter stores (restored on exit)",
 }
 
 

@@ -16,4 +16,6 @@ from .ch07_paged_attention import *  # noqa: F401,F403
 from .ch03_pool_decisions import *  # noqa: F401,F403
 from .ch06_manager_decisions import *  # noqa: F401,F403
 from .ch08_serving_engine import *  # noqa: F401,F403
+from .ch07b_kernel_puzzles import (check_kernel_puzzle, print_puzzle_mistakes, show_reference,  # noqa: F401
+                                   trace_kernel_puzzle)
 from ._harness import print_mistakes  # noqa: F401

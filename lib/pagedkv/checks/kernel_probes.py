@@ -20,6 +20,9 @@
   end of its output (an unmasked row of padding, say) writes into that tail,
   not into someone else's memory, and ``overruns()`` says so afterwards; this
   works compiled as well as interpreted, since it reads values, not traces.
+* ``traced_accesses``: like ``traced_loads``, for loads and stores both, each
+  access tagged with the program that made it (the kernel puzzles draw what
+  every program read and wrote, and count the bytes moved).
 
 Every launch, compiled or interpreted, goes through ``run`` on the kernel
 object (``kernel[grid](...)`` calls it), and every interpreted load through
@@ -41,7 +44,7 @@ from .._device import default_device
 
 __all__ = ["LaunchCount", "count_triton_launches", "skipped_triton_launches", "interpreted",
            "GUARD_BLOCK_ID", "guarded_rows", "guarded_copy", "traced_loads", "loads_in", "INT_POISON",
-           "GuardedAllocations", "guarded_allocations", "SENTINEL"]
+           "GuardedAllocations", "guarded_allocations", "SENTINEL", "Access", "traced_accesses"]
 
 #: The block id in the guard rows around a ``guarded_rows`` table.
 GUARD_BLOCK_ID = 999_999
@@ -191,6 +194,11 @@ class GuardedAllocations(TorchFunctionMode):
                 found.append(f"{written} element(s) past the end of a {list(shape)} buffer it allocated")
         return found
 
+    def tails(self) -> list[tuple[int, int, tuple]]:
+        """``(first byte, end byte, shape)`` of each guarded tail: a traced load there read past a buffer."""
+        return [(buf.data_ptr() + n * buf.element_size(), buf.data_ptr() + buf.numel() * buf.element_size(),
+                 shape) for buf, n, shape in self.buffers]
+
 
 @contextmanager
 def guarded_allocations():
@@ -240,3 +248,50 @@ def loads_in(addresses, view: torch.Tensor, rows_before: int = 1, rows_after: in
     a = a[(a >= start) & (a < end) & ((a - start) % size == 0)]
     offset = (a - view.data_ptr()) // size
     return np.stack([offset // view.stride(0), offset % view.stride(0)], axis=1)
+
+
+@dataclass
+class Access:
+    """One interpreted ``tl.load`` or ``tl.store``: who made it and the addresses of its live lanes."""
+
+    program: tuple[int, int, int]
+    kind: str  # "load" or "store"
+    addresses: np.ndarray  # int64 byte addresses, one per live lane
+
+
+@contextmanager
+def traced_accesses():
+    """Record every live lane of every ``tl.load`` and ``tl.store`` with its program (interpreter only).
+
+    ``with traced_accesses() as accesses: ...`` fills ``accesses`` with
+    ``Access`` records in launch order; compiled kernels leave it empty.
+    """
+    accesses: list[Access] = []
+    if not interpreted():
+        yield accesses
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+
+    def record(builder, kind, ptrs, mask):
+        data = np.asarray(ptrs.data)
+        live = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+        accesses.append(Access(tuple(int(i) for i in builder.grid_idx), kind,
+                               data[live].astype(np.uint64).astype(np.int64).ravel()))
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        record(self, "load", ptrs, mask)
+        return load(self, ptrs, mask, *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        record(self, "store", ptrs, mask)
+        return store(self, ptrs, value, mask, *args, **kwargs)
+
+    InterpreterBuilder.create_masked_load = create_masked_load
+    InterpreterBuilder.create_masked_store = create_masked_store
+    try:
+        yield accesses
+    finally:
+        InterpreterBuilder.create_masked_load = load
+        InterpreterBuilder.create_masked_store = store

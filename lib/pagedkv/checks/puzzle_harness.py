@@ -1,0 +1,429 @@
+"""What every kernel puzzle's check shares: run, trace, judge, score, draw.
+
+A puzzle is a small Triton kernel behind a wrapper. Its ``Puzzle`` spec
+says how to build seeded cases, what the PyTorch reference answers, which
+elements of each argument the kernel may read, which tensors carry the data
+(their bytes are scored), and which common mistakes to name. The harness
+runs the learner's wrapper on a case with:
+
+* every tensor argument a ``guarded_copy`` (one guard row before and after,
+  NaN for floating tensors, 0 for index tensors, so a stray index stays in
+  range), so a near miss lands on the guard, not on someone else's memory;
+* ``traced_accesses``: in the interpreter, every live lane of every load and
+  store, with the program that made it;
+* ``guarded_allocations``: a store past the end of an allocated output is
+  seen compiled as well as interpreted;
+* ``count_triton_launches``, and once per check a rerun with every launch
+  skipped (``skipped_triton_launches``): an answer still right then was
+  computed by PyTorch, not by the kernel.
+
+A wrong answer is named in this order: a store past an allocated buffer, a
+load past one (traced), the mistake whose model gives the same answer, a
+load of an element the kernel must not read (traced), the puzzle's own
+explanation, NaN. The trace also gives the bytes the kernel moved in
+the data tensors, counted once per load or store instruction (the lanes of
+one instruction that read one address are one read; a second instruction
+that reads it again is a second read), against the puzzle's minimum: the
+bytes the answer depends on, read once, and the output, written once. Index
+tensors (block tables, lengths, ``query_start_loc``) are not counted: a few
+bytes that every program rereads. Compiled kernels cannot be traced, so on
+a GPU the picture and the score are not available.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .._device import default_device
+from ._harness import Checker, CheckReport, Mistake, WrongAnswer
+from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, interpreted,
+                            skipped_triton_launches, traced_accesses)
+
+__all__ = ["Case", "Puzzle", "Run", "run_case", "check_puzzle", "bytes_moved", "trace_report",
+           "LAUNCH_MISTAKE", "CHEAT_MISTAKE", "OVERRUN_MISTAKE", "TAIL_READ_MISTAKE"]
+
+LAUNCH_MISTAKE = Mistake("no kernel", "the puzzle is the kernel: launch your @triton.jit "
+                         "function as kernel[grid](...)")
+CHEAT_MISTAKE = Mistake("computed outside the kernel", "with every Triton launch skipped the "
+                        "answer is still right: the wrapper only allocates the output and "
+                        "launches; every value comes from a tl.store")
+OVERRUN_MISTAKE = Mistake("stores past the output", "mask every tl.store to the elements that "
+                          "exist")
+TAIL_READ_MISTAKE = Mistake("loads past a buffer it allocated", "mask every tl.load to the "
+                            "elements that exist")
+
+
+@dataclass
+class Case:
+    """One seeded input: the wrapper's arguments and what the reference answers.
+
+    ``may_read[name]`` is a boolean mask shaped like argument ``name``: the
+    elements the kernel may load (an argument without a mask may be read
+    whole; its guard rows never). ``minimum`` is the bytes an answer must
+    move in the data tensors.
+    """
+
+    label: str
+    args: dict
+    want: Any
+    may_read: dict = field(default_factory=dict)
+    minimum: int = 0
+    info: dict = field(default_factory=dict)  # whatever a puzzle's mistake models need
+    #: ``views[name](tensor)``: the argument handed over is this view of the
+    #: (guarded) tensor, a slice of a wider buffer, say; ``may_read`` is over
+    #: the whole tensor.
+    views: dict = field(default_factory=dict)
+    #: what each data tensor must move at least, by name (the picture's
+    #: sentence on the waste compares with these); sums to ``minimum``.
+    needs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Puzzle:
+    """A puzzle's spec; see the module docstring."""
+
+    title: str
+    properties: list  # (name, [Case, ...]) in the order the check prints them
+    data: tuple  # argument names whose bytes are scored; "out" is the returned tensor(s)
+    mistakes: list = field(default_factory=list)  # (Mistake, model(case) -> answer)
+    read_mistake: Callable | None = None  # (case, name, bad element indices) -> Mistake
+    nan_mistake: Mistake | None = None  # a NaN in the output that nothing else explains
+    result: Callable | None = None  # (returned, args) -> what to compare; default: returned
+    atol: float = 2e-4
+    picture: Callable | None = None  # (case, run) -> str
+    cheat_case: Case | None = None
+    extra: list = field(default_factory=list)  # more (name, body(fn)) properties
+    explain: Callable | None = None  # (case, got) -> Mistake | None, after the models
+    #: what a store past the output means here: a Mistake, or (case, overrun) -> Mistake
+    overrun_mistake: Any = None
+    tail_read_mistake: Mistake | None = None  # a load past the end of a buffer the wrapper allocated
+    guard_rows: int = 1  # guard rows around every tensor argument
+
+
+@dataclass
+class Run:
+    """What one call did: its answer and, in the interpreter, every access it made."""
+
+    got: Any
+    args: dict
+    accesses: list
+    overruns: list
+    launches: int
+    tails: list = field(default_factory=list)  # guarded tails of the buffers the call allocated
+
+
+def _guarded(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A copy of ``t`` on the default device, ``rows`` guard rows before and after.
+
+    Floating guards hold NaN; integer guards hold 0, so that an index read
+    from a guard still points inside the tensors it indexes.
+    """
+    fill = float("nan") if t.is_floating_point() else 0
+    if rows == 1:
+        return guarded_copy(t, fill)
+    buf = torch.full((t.shape[0] + 2 * rows, *t.shape[1:]), fill, dtype=t.dtype, device=default_device())
+    buf[rows:-rows] = t.to(buf.device)
+    return buf[rows:-rows]
+
+
+def run_case(fn, case: Case, puzzle: Puzzle) -> Run:
+    """Run ``fn`` on guarded device copies of ``case``'s arguments; record what it touched.
+
+    ``Run.args`` holds the guarded tensors (not the views handed over), so
+    that the trace is read against the whole of each.
+    """
+    def guard(v):
+        if isinstance(v, torch.Tensor):
+            return _guarded(v, puzzle.guard_rows)
+        if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
+            return [_guarded(t, puzzle.guard_rows) for t in v]  # a list of caches, say
+        return v
+
+    args = {k: guard(v) for k, v in case.args.items()}
+    given = {k: case.views[k](v) if k in case.views else v for k, v in args.items()}
+    # A wrong kernel's NaN and overflows are the check's to report, not numpy's warnings.
+    with count_triton_launches() as n, traced_accesses() as acc, guarded_allocations() as allocs, \
+            np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = fn(**given)
+    got = puzzle.result(got, args) if puzzle.result else got
+    return Run(got, args, acc, allocs.overruns(), n.count, allocs.tails())
+
+
+def _named_tensors(args: dict) -> dict:
+    """Every tensor argument by name; a list of tensors as ``name[i]``."""
+    out = {}
+    for k, v in args.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = v
+        elif isinstance(v, list):
+            out.update({f"{k}[{i}]": t for i, t in enumerate(v) if isinstance(t, torch.Tensor)})
+    return out
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _compare(got, want, atol: float) -> str | None:
+    """``None`` when ``got`` equals ``want`` (within ``atol``), else what differs."""
+    got, want = _as_tuple(got), _as_tuple(want)
+    if len(got) != len(want):
+        return f"expected {len(want)} tensor(s), got {len(got)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        what = f"output {i}" if len(want) > 1 else "the output"
+        if not isinstance(g, torch.Tensor):
+            return f"{what}: expected a torch.Tensor, got {type(g).__name__}"
+        if tuple(g.shape) != tuple(w.shape):
+            return f"{what}: expected shape {tuple(w.shape)}, got {tuple(g.shape)}"
+        if g.dtype != w.dtype:
+            return f"{what}: expected dtype {w.dtype}, got {g.dtype}"
+        g, w = g.detach().cpu(), w.cpu()
+        if w.is_floating_point():
+            if not torch.allclose(g, w, atol=atol, rtol=atol, equal_nan=True):
+                bad = ~torch.isclose(g, w, atol=atol, rtol=atol, equal_nan=True)
+                idx = tuple(int(i) for i in bad.nonzero()[0])
+                return f"{what}: at {list(idx)} expected {float(w[idx]):.4g}, got {float(g[idx]):.4g}"
+        elif not torch.equal(g, w):
+            idx = tuple(int(i) for i in (g != w).nonzero()[0])
+            return f"{what}: at {list(idx)} expected {int(w[idx])}, got {int(g[idx])}"
+    return None
+
+
+def _region(t: torch.Tensor, rows_before: int = 0, rows_after: int = 0):
+    """(start, end, element size) of a contiguous tensor's bytes, with guard rows."""
+    size = t.element_size()
+    row = (t.stride(0) if t.dim() else 1) * size
+    return t.data_ptr() - rows_before * row, t.data_ptr() + t.numel() * size + rows_after * row, size
+
+
+def _elements(addresses: np.ndarray, t: torch.Tensor, guards: int = 0) -> np.ndarray:
+    """Flat element indices (guard rows negative or past numel) of the addresses on ``t``."""
+    start, end, size = _region(t, guards, guards)
+    a = addresses[(addresses >= start) & (addresses < end)]
+    a = a[(a - t.data_ptr()) % size == 0]
+    return (a - t.data_ptr()) // size
+
+
+def forbidden_reads(run: Run, case: Case, guards: int = 1) -> tuple[str, np.ndarray] | None:
+    """The first argument the kernel read outside its ``may_read`` mask: (name, flat indices)."""
+    loads = [a.addresses for a in run.accesses if a.kind == "load"]
+    if not loads:
+        return None
+    addresses = np.concatenate(loads)
+    for name, t in _named_tensors(run.args).items():
+        idx = np.unique(_elements(addresses, t, guards=guards))
+        mask = case.may_read.get(name)
+        allowed = np.ones(t.numel(), dtype=bool) if mask is None else mask.reshape(-1).numpy()
+        inside = (idx >= 0) & (idx < t.numel())
+        bad = np.concatenate([idx[~inside], idx[inside][~allowed[idx[inside]]]])
+        if bad.size:
+            return name, np.sort(bad)
+    return None
+
+
+def _out_tensors(run: Run) -> list:
+    return [t for t in _as_tuple(run.got) if isinstance(t, torch.Tensor)]
+
+
+def bytes_moved(run: Run, data: tuple, kind: str | None = None) -> dict:
+    """Bytes each data tensor moved, counted once per instruction per address.
+
+    ``kind``: ``"load"`` or ``"store"`` to count only those; both by default.
+    """
+    named = _named_tensors(run.args)
+    tensors = {k: t for k, t in named.items() if k.split("[")[0] in data}
+    if "out" in data:
+        for i, t in enumerate(_out_tensors(run)):
+            tensors[f"out{i}" if len(_out_tensors(run)) > 1 else "out"] = t
+    moved = dict.fromkeys(tensors, 0)
+    for a in run.accesses:
+        if kind is not None and a.kind != kind:
+            continue
+        for name, t in tensors.items():
+            moved[name] += int(np.unique(_elements(a.addresses, t)).size) * t.element_size()
+    return moved
+
+
+def _explain(case: Case, moved: dict, loaded: dict) -> str:
+    """The score line and, when it is over 1.00x, one sentence on the tensor that moved too much."""
+    total = sum(moved.values())
+    score = total / case.minimum
+    line = f"bytes moved: {total:,} against a minimum of {case.minimum:,}: {score:.2f}x"
+    needs = case.needs
+    if round(score, 2) <= 1.0 or not needs:
+        return line
+    name = max(moved, key=lambda k: moved[k] - needs.get(k, 0))
+    extra = moved[name] / needs[name] if needs.get(name) else float("inf")
+    how = {(True, False): "read", (False, True): "written"}.get(
+        (loaded[name] > 0, moved[name] > loaded[name]), "read and written")
+    return (f"{line}\nthe waste: {name}, {how} {moved[name]:,} bytes where "
+            f"{needs.get(name, 0):,} would do ({extra:.2f}x)")
+
+
+def trace_report(puzzle: Puzzle, fn, case: Case) -> str:
+    """The picture and the bytes score of ``fn`` on ``case`` (interpreter only), as text."""
+    if not interpreted():
+        return ("compiled kernels cannot be traced: run this cell on a CPU (Triton's "
+                "interpreter) for the picture and the bytes score")
+    try:
+        run = run_case(fn, case, puzzle)
+    except NotImplementedError:
+        return "not implemented yet"
+    lines = []
+    if puzzle.picture is not None:
+        lines.append(puzzle.picture(case, run))
+    problem = _compare(run.got, case.want, puzzle.atol)
+    if problem:
+        lines.append(f"(the answer is wrong: {problem})")
+    lines.append(_explain(case, bytes_moved(run, puzzle.data), bytes_moved(run, puzzle.data, "load")))
+    return "\n".join(lines)
+
+
+def _tail_reads(run: Run) -> str | None:
+    """Describe the first traced load past the end of a buffer the call allocated (``None``: none)."""
+    loads = [a.addresses for a in run.accesses if a.kind == "load"]
+    if not loads:
+        return None
+    addresses = np.concatenate(loads)
+    for start, end, shape in run.tails:
+        n = int(((addresses >= start) & (addresses < end)).sum())
+        if n:
+            return f"{n} element(s) past the end of a {list(shape)} buffer it allocated"
+    return None
+
+
+def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None:
+    """Raise the ``WrongAnswer`` that names what went wrong, if anything did."""
+    if run.overruns:
+        mistake = puzzle.overrun_mistake or OVERRUN_MISTAKE
+        if callable(mistake):
+            mistake = mistake(case, run.overruns[0])
+        raise WrongAnswer(f"{case.label}: it wrote {run.overruns[0]}", mistake.diagnosis())
+    past = _tail_reads(run)
+    if past:
+        raise WrongAnswer(f"{case.label}: it loaded {past}",
+                          (puzzle.tail_read_mistake or TAIL_READ_MISTAKE).diagnosis())
+    # A model that answers the same (NaN where it reads poison too) names the mistake best.
+    for mistake, model in puzzle.mistakes if problem else ():
+        try:
+            if _compare(run.got, model(case), puzzle.atol) is None:
+                raise WrongAnswer(f"{case.label}: {problem}", mistake.diagnosis())
+        except WrongAnswer:
+            raise
+        except Exception:  # noqa: BLE001 -- a model that cannot run here does not match
+            continue
+    bad = forbidden_reads(run, case, puzzle.guard_rows)
+    if bad is not None:
+        name, idx = bad
+        mistake = puzzle.read_mistake(case, name, idx) if puzzle.read_mistake else None
+        raise WrongAnswer(f"{case.label}: it loaded {idx.size} element(s) of {name} it must not "
+                          f"read (flat index {int(idx[0])}, a poisoned or guard element)",
+                          mistake.diagnosis() if mistake else None)
+    if problem is None:
+        return
+    if puzzle.explain is not None:
+        mistake = puzzle.explain(case, run.got)
+        if mistake is not None:
+            raise WrongAnswer(f"{case.label}: {problem}", mistake.diagnosis())
+    nan = any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == w.shape
+              and bool((torch.isnan(t.cpu()) & ~torch.isnan(w)).any())
+              for t, w in zip(_as_tuple(run.got), _as_tuple(case.want)))
+    if nan and puzzle.nan_mistake:
+        raise WrongAnswer(f"{case.label}: {problem} (NaN or inf)", puzzle.nan_mistake.diagnosis())
+    raise WrongAnswer(f"{case.label}: {problem}")
+
+
+def check_puzzle(puzzle: Puzzle, fn, timeout: float = 60.0) -> CheckReport:
+    """Run every property of ``puzzle`` on ``fn``; print one line each."""
+    launches: list[int] = []
+    with Checker(puzzle.title, timeout=timeout) as c:
+        first = puzzle.properties[0][1][0]
+        c.probe(lambda: run_case(fn, first, puzzle))
+
+        def cases_hold(cases):
+            def body():
+                for case in cases:
+                    run = run_case(fn, case, puzzle)
+                    launches.append(run.launches)
+                    _diagnose(puzzle, case, run, _compare(run.got, case.want, puzzle.atol))
+            return body
+
+        for name, cases in puzzle.properties:
+            c.prop(name, cases_hold(cases), "compare one case by hand with the reference above")
+        for name, body in puzzle.extra:
+            c.prop(name, lambda body=body: body(fn))
+
+        def in_a_kernel():
+            if not launches or min(launches) == 0:
+                raise WrongAnswer("some call ran no Triton kernel", LAUNCH_MISTAKE.diagnosis())
+            case = puzzle.cheat_case or first
+            def copy(v):
+                if isinstance(v, list):
+                    return [copy(t) for t in v]
+                return v.to(default_device(), copy=True) if isinstance(v, torch.Tensor) else v
+
+            args = {k: copy(v) for k, v in case.args.items()}
+            given = {k: case.views[k](v) if k in case.views else v for k, v in args.items()}
+            with skipped_triton_launches():
+                got = fn(**given)
+            got = puzzle.result(got, args) if puzzle.result else got
+            if _compare(got, case.want, puzzle.atol) is None:
+                raise WrongAnswer("with every Triton launch skipped, the answer is still right",
+                                  CHEAT_MISTAKE.diagnosis())
+
+        c.prop("computes in a Triton kernel", in_a_kernel)
+    return c.report
+
+
+# ----------------------------------------------------------------- the picture
+
+MARKS = {(False, False): ".", (True, False): "r", (False, True): "w", (True, True): "b"}
+LEGEND = "r read, w written, b both, ! read but must not be, . untouched"
+
+
+def access_grid(run: Run, case: Case, name: str, units: int, group: int, what: str,
+                max_programs: int = 12) -> str:
+    """One line per program: which units of tensor ``name`` it read and wrote.
+
+    The tensor is seen as ``units`` rows (a cache's slots, say: ``[num_blocks
+    * block_size, ...]``), drawn ``group`` to a cell (a block). ``name`` may
+    be ``"out"``: the returned tensor. Units read outside ``may_read`` show
+    ``!``. Fits 79 columns when ``units + units / group`` is at most 64.
+    """
+    t = _out_tensors(run)[0] if name == "out" else run.args[name]
+    per_unit = t.numel() // units
+    mask = case.may_read.get(name)
+    allowed = None if mask is None else mask.reshape(units, per_unit).all(1).numpy()
+    programs = sorted({a.program for a in run.accesses})
+    header = " " * 11 + " ".join(f"{what}{i}".ljust(group)[:group] for i in range(units // group))
+    lines = [header.rstrip()]
+    for p in programs[:max_programs]:
+        read, wrote = np.zeros(units, bool), np.zeros(units, bool)
+        for a in run.accesses:
+            if a.program != p:
+                continue
+            idx = _elements(a.addresses, t)
+            idx = idx[(idx >= 0) & (idx < t.numel())] // per_unit
+            (read if a.kind == "load" else wrote)[idx] = True
+        cells = []
+        for u in range(units):
+            bad = read[u] and allowed is not None and not allowed[u]
+            cells.append("!" if bad else MARKS[bool(read[u]), bool(wrote[u])])
+        row = " ".join("".join(cells[i:i + group]) for i in range(0, units, group))
+        label = "(" + ",".join(str(i) for i in p[:max(1, _grid_rank(programs))]) + ")"
+        lines.append(f"{label:<10} {row}".rstrip())
+    if len(programs) > max_programs:
+        lines.append(f"... and {len(programs) - max_programs} more programs")
+    return "\n".join(lines)
+
+
+def _grid_rank(programs) -> int:
+    """How many grid axes the launch used (1 to 3), for short program labels."""
+    used = [any(p[i] for p in programs) for i in range(3)]
+    return max([i + 1 for i, u in enumerate(used) if u], default=1)

@@ -1,0 +1,379 @@
+"""The kernel puzzles' checker (exercise 7b): stubs fail, solutions pass, mistakes are named.
+
+The kernels under test are the ones committed in solutions/07b_kernel_puzzles.ipynb,
+so the solutions the site shows are the ones these tests run. A wrong answer is
+the solution with one piece of its source replaced; each must fail with a message
+that names its mistake. A wasteful answer is right and moves more bytes: it
+passes, and its trace says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import pagedkv  # noqa: F401  -- fixes the Triton mode before the solutions' kernels are defined
+from pagedkv import checks
+from pagedkv.checks import ch07b_kernel_puzzles as puzzles
+from pagedkv.checks.puzzle_harness import bytes_moved, run_case
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTION = ROOT / "solutions" / "07b_kernel_puzzles.ipynb"
+EXERCISE = ROOT / "exercises" / "07b_kernel_puzzles.ipynb"
+NAMES = {1: "slots_per_request", 2: "gather_k", 3: "attend_one_tile", 4: "row_logsumexp",
+         5: "decode_mha", 6: "decode_gqa", 7: "prefill_chunk", 8: "split_partials",
+         9: "merge_splits", 10: "copy_blocks_all_layers", 11: "decode_unmasked"}
+interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _source(notebook: Path, n: int) -> str:
+    cells = json.loads(notebook.read_text())["cells"]
+    return next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and f"def {NAMES[n]}(" in "".join(c["source"]))
+
+
+def _load(src: str, name: str, tag: str):
+    path = Path(tempfile.mkdtemp()) / f"_puzzle_{tag}.py"
+    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+@functools.cache
+def solution(n: int):
+    return _load(_source(SOLUTION, n), NAMES[n], f"sol{n}")
+
+
+def variant(n: int, *pairs):
+    """Puzzle ``n``'s solution with each (old, new) replaced; every old must occur."""
+    src = _source(SOLUTION, n)
+    for old, new in pairs:
+        assert old in src, old
+        src = src.replace(old, new)
+    return _load(src, NAMES[n], f"var{n}_{abs(hash(pairs))}")
+
+
+def failures(report):
+    return {r.name: r.detail for r in report.results if not r.passed}
+
+
+def assert_named(n: int, fn, words: str, traced_only=False):
+    """The check fails, and some failing line's diagnosis holds ``words``."""
+    if traced_only and not interpreted:
+        return  # compiled kernels cannot be traced
+    failed = failures(checks.check_kernel_puzzle(n, fn))
+    assert failed, f"puzzle {n}: a wrong answer passed"
+    assert any(f"Diagnosis: {words}" in d for d in failed.values()), failed
+
+
+def score(n: int, fn) -> tuple[float, str]:
+    """The bytes score of ``fn`` on puzzle ``n``'s picture case, and the trace's text."""
+    case = puzzles._PICTURE[n]()
+    run = run_case(fn, case, puzzles.puzzle(n))
+    moved = sum(bytes_moved(run, puzzles.puzzle(n).data).values())
+    text = puzzles.trace_report(puzzles.puzzle(n), fn, case)
+    return moved / case.minimum, text
+
+
+# ------------------------------------------------------------ every puzzle
+
+@pytest.mark.parametrize("n", puzzles.PUZZLES)
+def test_solution_passes_every_property(n, capsys):
+    assert checks.check_kernel_puzzle(n, solution(n))
+    assert "\u274c" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n", puzzles.PUZZLES)
+def test_untouched_stub_prints_one_line(n, capsys):
+    stub = _load(_source(EXERCISE, n), NAMES[n], f"stub{n}")
+    report = checks.check_kernel_puzzle(n, stub)
+    assert not report and report.stub and len(report.results) == 1
+    out = capsys.readouterr().out
+    assert "not implemented yet" in out and "Hint" not in out
+    assert max(map(len, out.splitlines())) <= 79
+
+
+@pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")
+@pytest.mark.parametrize("n", puzzles.PUZZLES)
+def test_solution_moves_the_minimum_and_its_picture_fits(n):
+    got, text = score(n, solution(n))
+    assert got == pytest.approx(1.0)
+    assert "1.00x" in text and "!" not in text.split("\n(a ")[0]
+    assert max(map(len, text.splitlines())) <= 79
+
+
+@pytest.mark.parametrize("n", puzzles.PUZZLES)
+def test_reference_source_fits_the_column(n, capsys):
+    checks.show_reference(n)
+    out = capsys.readouterr().out
+    assert out.startswith("def reference_") and max(map(len, out.splitlines())) <= 79
+
+
+def test_a_puzzle_that_does_not_exist_is_refused():
+    with pytest.raises(ValueError, match="there is no puzzle 12"):
+        checks.check_kernel_puzzle(12, print)
+    with pytest.raises(TypeError, match="n must be an int, got bool True"):
+        checks.show_reference(True)
+
+
+@triton.jit
+def _nothing(x_ptr):
+    pass
+
+
+def test_pytorch_answers_behind_a_do_nothing_kernel_fail_the_kernel_property():
+    def slots(query_start_loc, positions, block_table, block_size, max_num_tokens):
+        out = puzzles.reference_slots_per_request(query_start_loc.cpu(), positions.cpu(), block_table.cpu(),
+                                                  block_size, max_num_tokens).to(positions.device)
+        _nothing[(1,)](out)
+        return out
+
+    def merge(partial, lse):
+        out = puzzles.reference_merge(partial, lse)
+        _nothing[(1,)](out)
+        return out
+
+    for n, fn in ((1, slots), (9, merge)):
+        failed = failures(checks.check_kernel_puzzle(n, fn))
+        assert list(failed) == ["computes in a Triton kernel"], failed
+        assert "Diagnosis: computed outside the kernel" in failed["computes in a Triton kernel"]
+
+
+# ------------------------------------------------------------ wrong answers, by puzzle
+
+def test_p1_mistakes_are_named():
+    assert_named(1, variant(1, ("block.to(tl.int64) * block_size", "block * block_size")), "int32 wrap")
+    no_pad = variant(1, ("    if req == tl.num_programs(0) - 1:", "    if req < 0:"))
+    assert_named(1, no_pad, "the last program reads a request that does not exist", traced_only=True)
+    assert_named(1, variant(1, ("ok = offs < end", "ok = offs <= end")), "an off-by-one mask",
+                 traced_only=True)
+    silent_pad = variant(1, ("            tl.store(slot_mapping_ptr + offs, PAD_ID,\n"
+                             "                     mask=offs < max_num_tokens)", "            pass"))
+    assert_named(1, silent_pad, "the tail not padded")
+
+
+def test_p2_mistakes_are_named():
+    assert_named(2, variant(2, ("ok = (slot < block_size) & (pos < seq_len)", "ok = slot < block_size")),
+                 "the whole last block")
+    assert_named(2, variant(2, ("(pos < seq_len)", "(pos <= seq_len)")), "an off-by-one mask")
+    assert_named(2, variant(2, ("block = tl.load(block_table_ptr + j).to(tl.int64)",
+                                "block = j.to(tl.int64)")), "blocks read in order")
+
+
+def test_p3_mistakes_are_named():
+    assert_named(3, variant(3, ("* scale\n", "\n")), "no scale")
+    assert_named(3, variant(3, ("p = tl.exp(s - tl.max(s, 0))", "p = tl.exp(s)")),
+                 "the max not subtracted")
+    assert_named(3, variant(3, ('    s = tl.where(ok, s, float("-inf"))', "")), "padding lanes scored 0")
+    assert_named(3, variant(3, ("ok = pos < n", "ok = pos <= n")), "an off-by-one mask", traced_only=True)
+
+
+def test_p4_mistakes_are_named():
+    assert_named(4, variant(4, ('m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_safe = m_new")),
+                 "the m = -inf case")
+    assert_named(4, variant(4, ("x.stride(0), n_cols", "n_cols, n_cols")), "read outside the row",
+                 traced_only=True)
+    assert_named(4, variant(4, ("mask=cols < n_cols", "mask=cols <= n_cols")), "read outside the row",
+                 traced_only=True)
+    assert_named(4, variant(4, ("tl.exp(", "tl.exp2("), ("tl.log(", "tl.log2(")), "log2 domain")
+
+
+def test_p5_mistakes_are_named():
+    assert_named(5, variant(5, (" * scale, ", ", ")), "no scale")
+    assert_named(5, variant(5, ("mask=ok[:, None], other=0.0)", ")")), "read past seq_len")
+    assert_named(5, variant(5, ("block = tl.load(table_ptr + req * row_stride + pos // block_size,\n"
+                                "                        mask=ok, other=0)", "block = pos // block_size")),
+                 "blocks read in order")
+    assert_named(5, variant(5, ("pos // block_size,\n                        mask=ok, other=0)",
+                                "pos // block_size)")), "loads block-table columns past", traced_only=True)
+
+
+def test_p6_mistakes_are_named():
+    assert_named(6, variant(6, ("head = kv_head * GROUP + g", "head = g * num_kv_heads + kv_head")),
+                 "the wrong head of a group")
+    assert_named(6, variant(6, ("acc / l[:, None], mask=g_ok[:, None])", "acc / l[:, None])")),
+                 "rows of padding not masked")
+    assert_named(6, variant(6, ("q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)",
+                                "q = tl.load(q_ptr + q_off)")), "rows of padding not masked",
+                 traced_only=True)
+
+
+def test_p7_mistakes_are_named():
+    assert_named(7, variant(7, ("visible = ok[None, :] & (pos[None, :] <= q_pos[:, None])",
+                                "visible = ok[None, :] & (pos[None, :] >= 0)")), "no causal mask")
+    assert_named(7, variant(7, ("q_pos = seq_len - q_len + i", "q_pos = i")), "query positions from 0")
+    assert_named(7, variant(7, ("(pos[None, :] <= q_pos[:, None])", "(pos[None, :] < q_pos[:, None])")),
+                 "a query does not see itself")
+
+
+def test_p8_mistakes_are_named():
+    natural = variant(8, ("scale2 = scale * 1.4426950408889634", "scale2 = scale"),
+                      ("tl.exp2(", "tl.exp("), ("tl.log2(", "tl.log("))
+    assert_named(8, natural, "lse in base e")
+    assert_named(8, variant(8, ("l_safe = tl.where(l > 0, l, 1.0)", "l_safe = l")), "an empty segment")
+    whole = variant(8, ("    lo = split * seg_len\n    hi = tl.minimum(lo + seg_len, seq_len)",
+                        "    lo = 0\n    hi = seq_len"))
+    assert_named(8, whole, "every split reads the whole sequence")
+
+
+def test_p9_mistakes_are_named():
+    assert_named(9, variant(9, ("tl.exp2(", "tl.exp(")), "exp where exp2 belongs")
+    assert_named(9, variant(9, (" / tl.sum(w, 0)", "")), "weights not normalised")
+    assert_named(9, variant(9, ("w = tl.exp2(lse - tl.max(lse, 0))", "w = tl.exp2(lse)")),
+                 "the max lse not subtracted")
+
+
+def test_p10_mistakes_are_named():
+    swapped = variant(10, ("tl.load(pairs_ptr + 2 * pair)  #", "tl.load(pairs_ptr + 2 * pair + 1)  #"),
+                      ("dst = tl.load(pairs_ptr + 2 * pair + 1)", "dst = tl.load(pairs_ptr + 2 * pair)"))
+    assert_named(10, swapped, "src and dst swapped")
+    assert_named(10, variant(10, ("[(len(pairs), len(caches))]", "[(len(pairs), 1)]")), "one cache only")
+    unchecked = variant(10, ("        if dsts.count(dst) > 1:", "        if False:"),
+                        ("        if src in dsts:", "        if False:"))
+    failed = failures(checks.check_kernel_puzzle(10, unchecked))
+    assert list(failed) == ["refuses overlapping pairs (ValueError naming the block), changing nothing"]
+    assert "Diagnosis: overlapping pairs accepted" in next(iter(failed.values()))
+
+
+def test_p11_mistakes_are_named():
+    # The kernel reads the table it was given, as wide as the longest request needs.
+    unpadded = variant(11, ("value_cache, table, seq_lens", "value_cache, block_table, seq_lens"),
+                       ("block_size, table.stride(0)", "block_size, block_table.stride(0)"))
+    assert_named(11, unpadded, "the table not padded to 128 tokens", traced_only=True)
+    one_more = variant(11, ("width = triton.cdiv(block_table.shape[1], align) * align",
+                            "width = block_table.shape[1] + 1"))
+    assert_named(11, one_more, "the table not padded to 128 tokens", traced_only=True)
+    assert_named(11, variant(11, (" * scale, ", ", ")), "no scale")
+
+
+def test_p11_width_is_vllms():
+    assert [puzzles.reference_table_width(n, bs) for n, bs in ((5, 16), (13, 4), (30, 1), (1, 128), (3, 48))] == \
+        [8, 32, 128, 1, 8]  # 48-token blocks: 8 of them are 384 tokens, 3 x 128
+
+
+# ------------------------------------------------------------ wasteful answers pass, with their score
+
+TWO_PASS_4 = """@triton.jit
+def logsumexp_kernel(x_ptr, out_ptr, row_stride, n_cols, TILE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * row_stride
+    m = float("-inf")
+    for start in range(0, n_cols, TILE):  # pass 1: the max
+        cols = start + tl.arange(0, TILE)
+        x = tl.load(x_ptr + row + cols, mask=cols < n_cols, other=float("-inf"))
+        m = tl.maximum(m, tl.max(x, 0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l = 0.0
+    for start in range(0, n_cols, TILE):  # pass 2: the sum, reading x again
+        cols = start + tl.arange(0, TILE)
+        x = tl.load(x_ptr + row + cols, mask=cols < n_cols, other=float("-inf"))
+        l += tl.sum(tl.exp(x - m_safe), 0)
+    lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))
+    tl.store(out_ptr + tl.program_id(0), lse)
+
+
+def row_logsumexp(x):
+    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    logsumexp_kernel[(x.shape[0],)](x, out, x.stride(0), x.shape[1], TILE=16)
+    return out
+"""
+
+
+EVERY_CACHE_10 = """@triton.jit
+def copy_blocks_kernel(cache_ptrs_ptr, pairs_ptr, block_numel, num_caches, TILE: tl.constexpr):
+    pair = tl.program_id(0)
+    src = tl.load(pairs_ptr + 2 * pair)
+    dst = tl.load(pairs_ptr + 2 * pair + 1)
+    for c in range(num_caches):  # every program copies every cache: each copy runs num_caches times
+        cache = tl.load(cache_ptrs_ptr + c).to(tl.pointer_type(tl.float32))
+        for start in range(0, block_numel, TILE):
+            cols = start + tl.arange(0, TILE)
+            ok = cols < block_numel
+            tl.store(cache + dst * block_numel + cols, tl.load(cache + src * block_numel + cols, mask=ok), mask=ok)
+
+
+def copy_blocks_all_layers(caches, block_pairs):
+    pairs = block_pairs.tolist()
+    dsts = [d for _, d in pairs]
+    for src, dst in pairs:
+        if dsts.count(dst) > 1 or src in dsts:
+            raise ValueError(f"block {dst if dsts.count(dst) > 1 else src} overlaps")
+    ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=caches[0].device)
+    block_numel = caches[0][0].numel()
+    copy_blocks_kernel[(len(pairs), len(caches))](ptrs, block_pairs.contiguous(), block_numel, len(caches),
+                                                  TILE=triton.next_power_of_2(block_numel))
+"""
+
+
+def _wasteful():
+    """One correct answer per puzzle that moves more bytes than it must, and the tensor that pays."""
+    every_program_pads = variant(1, ("    req = tl.program_id(0)\n    if req", "    req = tl.program_id(0)\n"
+                                     "    for i in range(num_tokens, max_num_tokens, TILE):\n"
+                                     "        offs = i + tl.arange(0, TILE)\n"
+                                     "        tl.store(slot_mapping_ptr + offs, PAD_ID, mask=offs < max_num_tokens)\n"
+                                     "    if req"))
+    per_head = variant(2, ("tl.store(out_ptr + dst, rows, mask=ok[:, None])",
+                           "mine = cols // (WIDTH // tl.num_programs(1)) == tl.program_id(1)\n"
+                           "    tl.store(out_ptr + dst, rows, mask=ok[:, None] & mine[None, :])"),
+                       ("[(triton.cdiv(seq_len, block_size),)]", "[(triton.cdiv(seq_len, block_size), heads)]"))
+    reload_k = variant(3, ("s = tl.sum(k * q[None, :], 1) * scale",
+                           "k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)\n"
+                           "    s = tl.sum(k * q[None, :], 1) * scale"))
+    one_query_row = variant(7, ("triton.cdiv(int(q_lens.max()), 16))", "int(q_lens.max()))"),
+                            ("BLOCK_Q=16", "BLOCK_Q=1"))
+    reload_lse = variant(9, ("    w = tl.exp2(lse - tl.max(lse, 0))",
+                             "    top = tl.max(lse, 0)\n"
+                             "    lse = tl.load(lse_ptr + s * num_rows + row, mask=s_ok, other=float('-inf'))\n"
+                             "    w = tl.exp2(lse - top)"))
+    q_every_tile = variant(5, ("    for start in range(0, seq_len, TILE):\n",
+                               "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
+    q_every_tile_11 = variant(11, ("    for start in range(0, seq_len, TILE):\n",
+                                   "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
+    per_query_head = variant(6, ("kv_head = tl.program_id(1)", "qh = tl.program_id(1)\n    kv_head = qh // GROUP"),
+                             ("head = kv_head * GROUP + g", "head = qh + g"), ("g_ok = g < GROUP", "g_ok = g < 1"),
+                             ("[(num_reqs, num_kv_heads)]", "[(num_reqs, num_heads)]"))
+    q_every_tile_8 = variant(8, ("    for start in range(lo, hi, TILE):\n",
+                                 "    for start in range(lo, hi, TILE):\n"
+                                 "        q = tl.load(q_ptr + (req * num_heads + head) * HEAD_DIM + dims)\n"))
+    return {1: (every_program_pads, "out"), 2: (per_head, "key_cache"), 3: (reload_k, "k"),
+            4: (_load(TWO_PASS_4, "row_logsumexp", "two_pass4"), "x"), 5: (q_every_tile, "q"),
+            6: (per_query_head, "key_cache"), 7: (one_query_row, "key_cache"), 8: (q_every_tile_8, "q"),
+            9: (reload_lse, "lse"), 10: (_load(EVERY_CACHE_10, "copy_blocks_all_layers", "every10"), "caches[0]"),
+            11: (q_every_tile_11, "q")}
+
+
+@pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")
+def test_wasteful_answers_pass_and_their_trace_names_the_waste(capsys):
+    for n, (fn, tensor) in _wasteful().items():
+        assert checks.check_kernel_puzzle(n, fn), n
+        got, text = score(n, fn)
+        assert got > 1.0, (n, got)
+        assert f"the waste: {tensor}, " in text, (n, text)
+        assert max(map(len, text.splitlines())) <= 79, text
+
+
+@pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")
+def test_the_picture_marks_a_read_of_poison():
+    # An off-by-one mask reads the slot at position seq_len: a '!' in its block's cell.
+    off_by_one = variant(2, ("(pos < seq_len)", "(pos <= seq_len)"))
+    text = puzzles.trace_report(puzzles.puzzle(2), off_by_one, puzzles._PICTURE[2]())
+    grid = text.split("\n(a ")[0]
+    assert grid.count("!") == 1 and "rr!." in grid
+
+
+def test_the_trace_says_so_when_it_cannot_trace(monkeypatch, capsys):
+    from pagedkv.checks import puzzle_harness
+
+    monkeypatch.setattr(puzzle_harness, "interpreted", lambda: False)
+    checks.trace_kernel_puzzle(1, solution(1))
+    assert capsys.readouterr().out.startswith("compiled kernels cannot be traced")
