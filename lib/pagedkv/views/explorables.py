@@ -125,12 +125,18 @@ STYLE = """<style>
 .pkv-explorable .pkv-w{background:#2c7fb8;border:1px solid #2c7fb8}
 .pkv-explorable .pkv-u{border:1px dashed rgba(128,128,128,.9);
  background:repeating-linear-gradient(45deg,transparent 0 3px,rgba(128,128,128,.55) 3px 4px)}
+</style>"""
+
+# The block pictures of the prefix and slot explorables (chapters 3, 5, 6): a copied block,
+# the slots written this step, lettered cells, one line per block, the token table.
+BLOCK_STYLE = """<style>
 .pkv-explorable .pkv-c{background:#f5a524;border:2px double #8a5200}
 .pkv-explorable .pkv-now{background:#f5a524;border:1px solid #8a5200}
 .pkv-explorable .pkv-slots span,.pkv-explorable .pkv-legend i{font:bold 10px/12px monospace;text-align:center;
  color:#000;overflow:hidden}
 .pkv-explorable .pkv-slots .pkv-w,.pkv-explorable .pkv-legend i.pkv-w{color:#fff}
 .pkv-explorable .pkv-blocks span{width:16px;height:16px}
+.pkv-explorable .pkv-blocks:has(span[style]) span{min-width:16px}
 .pkv-explorable .pkv-blockrow{display:flex;gap:8px;align-items:center}
 .pkv-explorable .pkv-blockrow .pkv-id{font-family:monospace;font-size:12px;min-width:10em;white-space:nowrap}
 .pkv-explorable .pkv-blockrow .pkv-slots{margin:1px 0}
@@ -165,7 +171,8 @@ class Explorable:
         controls = "".join(c.html(dom_id) for c in self.controls)
         settings = " \u00b7 ".join(f"{c.name} {c.value}" for c in self.controls)
         return (
-            f"{STYLE}<div class='pkv-explorable pagedkv-explorable' id='{dom_id}' data-kind='{self.kind}' "
+            f"{STYLE}{BLOCK_STYLE if self.kind in ('prefix', 'slots') else ''}"
+            f"<div class='pkv-explorable pagedkv-explorable' id='{dom_id}' data-kind='{self.kind}' "
             f"data-config='{esc(config)}'><div class='pkv-title'>{esc(self.title)}</div>"
             f"<div class='pkv-controls' hidden>{controls}</div>"
             f"<div class='pkv-out'>{KINDS[self.kind].render(self.figures(), self.config)}</div>"
