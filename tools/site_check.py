@@ -50,9 +50,14 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   events, then an arrow key on its slider), does not read as the library's
   figures for those settings (``pagedkv.views.explorables.KINDS``);
 * in the **phone** modes (390x844): a page laid out wider than the phone or
-  scrolling sideways; code and tables may scroll inside their own box there;
+  scrolling sideways; code, tables and pool pictures may scroll inside their
+  own box there;
+* **illegible** (phone modes): a view's SVG picture (pool, replay) scaled
+  down so far that its smallest label shows under 9 px;
 * in the **dark** modes (the theme's dark mode, via ``prefers-color-scheme``):
-  a light box in the column, or text in a view with contrast under 3:1.
+  a light box in the column, a picture (``<img>``, a pool picture) drawn
+  mostly light through the page's CSS filter (its pixels, on a canvas), or
+  text in a view or an HTML output with contrast under 3:1.
 
 ``run()`` returns one ``PageResult`` per page and mode; ``main()`` prints each failure as
 ``page: kind: detail`` and exits 1 if any. For the book it also insists that
@@ -314,14 +319,15 @@ _PAGE_JS = r"""
   counts.column = Math.round(right - left);
 
   // Too wide, part 1: scroll boxes whose content is wider than the box.
-  const reported = [];
+  const reported = [], scrollers = [];  // scrollers: boxes a phone may scroll sideways
   const inside = el => reported.some(r => r.contains(el));
+  const scrolled = el => scrollers.some(s => s !== el && s.contains(el));
   for (const el of col.querySelectorAll('*')) {
     if (inside(el)) continue;
     const ox = getComputedStyle(el).overflowX;
     if (ox === 'visible') continue;
     // On a phone, code and wide tables may scroll inside their box; only a box that clips may not.
-    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) continue;
+    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) { scrollers.push(el); continue; }
     if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
       reported.push(el);
       problems.push(['too wide', `${where(el)}: ${name(el)} scrolls (content ${el.scrollWidth} px in a ` +
@@ -331,7 +337,7 @@ _PAGE_JS = r"""
   // Too wide, part 2: boxes that stick out of the column.
   const sel = 'pre, table, img, svg, figure, .cell_output, .pagedkv-pool, .pagedkv-block-table, .pagedkv-replay';
   for (const el of col.querySelectorAll(sel)) {
-    if (inside(el) || !shown(el)) continue;
+    if (inside(el) || scrolled(el) || !shown(el)) continue;
     if (el instanceof SVGElement && el.ownerSVGElement) continue;  // parts of a picture
     const r = el.getBoundingClientRect();
     if (r.right > right + 1 || r.left < left - 1) {
@@ -348,6 +354,20 @@ _PAGE_JS = r"""
     problems.push(['too wide', `page: laid out ${window.innerWidth} px wide for a ${screen.width}-px phone, so the browser shrinks it`]);
   if (window.__pkvPhone && doc.scrollWidth > window.innerWidth + 1)
     problems.push(['too wide', `page: the page scrolls sideways (${doc.scrollWidth} px in a ${window.innerWidth}-px window)`]);
+
+  // Legible on a phone: a view's SVG picture scales with the column; its smallest label, as drawn,
+  // is 9 px or more. (At 1280 px the book's pictures are drawn for the column, at full size.)
+  for (const svg of window.__pkvPhone ? col.querySelectorAll('.pagedkv-pool svg, .pagedkv-replay svg') : []) {
+    if (svg.ownerSVGElement || !shown(svg) || svg.closest('desc')) continue;
+    const vb = svg.viewBox && svg.viewBox.baseVal;
+    if (!vb || !vb.width) continue;
+    const scale = svg.getBoundingClientRect().width / vb.width;
+    const sizes = Array.from(svg.querySelectorAll('text')).map(t => parseFloat(t.getAttribute('font-size'))).filter(x => x > 0);
+    if (sizes.length && Math.min(...sizes) * scale < 9) {
+      problems.push(['illegible', `${where(svg)}: a picture drawn at ${Math.round(scale * 100)} % of its size: ` +
+                     `its ${Math.min(...sizes)}-px labels show at ${(Math.min(...sizes) * scale).toFixed(1)} px`]);
+    }
+  }
 
   // Dark mode: no light box in the column, and text that stands out from what is behind it.
   counts.dark = doc.dataset.theme === 'dark' ? 1 : 0;
@@ -366,8 +386,42 @@ _PAGE_JS = r"""
         problems.push(['dark', `${where(el)}: ${name(el)} is a light box (${Math.round(r.width)} x ${Math.round(r.height)} px, ${getComputedStyle(el).backgroundColor}) in dark mode: "${snippet(el)}"`]);
       }
     }
+    // Pictures (figures, diagrams, pool pictures) as drawn, through the page's CSS filter: not mostly light.
+    const pageBg = background(col);
+    const drawn = async el => {
+      const img = el.tagName === 'IMG' ? el : await new Promise(done => {
+        const i = new Image();
+        i.onload = () => done(i); i.onerror = () => done(null);
+        i.src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(new XMLSerializer().serializeToString(el));
+      });
+      if (!img || !img.naturalWidth) return null;
+      const canvas = document.createElement('canvas');
+      canvas.width = canvas.height = 64;
+      const ctx = canvas.getContext('2d'), cs = getComputedStyle(el), own = rgba(cs.backgroundColor);
+      ctx.fillStyle = `rgb(${pageBg[0]},${pageBg[1]},${pageBg[2]})`;
+      ctx.fillRect(0, 0, 64, 64);
+      ctx.filter = cs.filter || 'none';
+      if (own[3] > 0) { ctx.fillStyle = cs.backgroundColor; ctx.fillRect(0, 0, 64, 64); }
+      ctx.drawImage(img, 0, 0, 64, 64);
+      try {
+        const d = ctx.getImageData(0, 0, 64, 64).data;
+        let sum = 0;
+        for (let i = 0; i < d.length; i += 4) sum += lum([d[i], d[i + 1], d[i + 2]]);
+        return sum / (d.length / 4);
+      } catch (e) { return null; }  // a picture the canvas may not read
+    };
+    for (const el of col.querySelectorAll('img, .pagedkv-pool > svg')) {
+      const r = el.getBoundingClientRect();
+      if (light.some(l => l.contains(el)) || r.width * r.height <= 4000 || r.height <= 24) continue;
+      const mean = await drawn(el);
+      if (mean !== null && mean > 0.4) {
+        light.push(el);
+        problems.push(['dark', `${where(el)}: ${name(el)} is drawn light (${Math.round(r.width)} x ${Math.round(r.height)} px, mean luminance ${mean.toFixed(2)}) in dark mode: "${snippet(el).slice(0, 40)}"`]);
+      }
+    }
+    counts.pictures_dark = col.querySelectorAll('img, .pagedkv-pool > svg').length;
     let faint = 0;
-    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable')) {
+    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable, .cell_output .text_html')) {
       for (const t of el.querySelectorAll('*')) {
         if (faint >= 3 || !Array.from(t.childNodes).some(n => n.nodeType === 3 && n.data.trim()) || !shown(t)) continue;
         if (t.closest('svg')) continue;  // SVG text is drawn on its own cells
