@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
 NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install node_modules pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
@@ -41,7 +42,7 @@ book: $(STAMP)
 
 test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site
 
-test-lib: $(STAMP)
+test-lib: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider -n 2 --dist loadfile
 
 # Coverage-guided fuzzing (atheris) of what reads untrusted input: GGUF files,
@@ -89,17 +90,26 @@ test-book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	$(PY) -m tools.notebooks check-site
 
-# Every page of _build/html in headless Chromium at 1280x900 (Debian's
-# `chromium`; .ci/run installs it): script errors, requests, boxes wider than
-# the column, empty views, the replay stepping, the checker marks, and every
-# explorable moved to seeded settings must read as the library computes them.
-# Screenshots go to _build/screenshots/. Run after test-book (or book).
-# SITE_MODES: how a reader sees it (desktop 1280x900, phone 390x844, dark,
-# phone-dark; tools/site_check.py MODES). Only desktop passes today: the phone
-# and dark-mode findings are listed in the explorables branch's report.
-SITE_MODES ?= desktop
-test-site: $(STAMP)
+# Every page of _build/html in headless Chromium (Debian's `chromium`; .ci/run
+# installs it), in each of SITE_MODES: script errors, requests, boxes wider
+# than the column, empty views, the replay stepping by mouse and keyboard, the
+# checker marks, every explorable moved to seeded settings (it must read as the
+# library computes), and axe-core's accessibility rules (no serious or
+# critical violation). Screenshots go to _build/screenshots/. Run after
+# test-book (or book).
+# SITE_MODES: how a reader sees it (tools/site_check.py MODES): desktop
+# 1280x900, phone 390x844 (nothing may widen the page; views legible), dark
+# (the theme's dark mode: no light boxes, readable views), and phone-dark.
+SITE_MODES ?= desktop phone dark
+test-site: $(STAMP) $(NODE_STAMP)
 	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots --modes $(SITE_MODES)
+
+# axe-core for the site check, from npm at the version package-lock.json pins.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+node_modules: $(NODE_STAMP)
 
 # A developers' check, not part of `make test` (CI): JupyterLab on 127.0.0.1
 # (a free port, a token) serving temporary copies of chapters 3 and 4, opened

@@ -39,7 +39,10 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   One box is reported once, at its outermost offending element;
 * **replay**: a trace replay whose *next* button, clicked with the mouse (CDP
   ``Input.dispatchMouseEvent`` at its centre), does not change the frame shown
-  and the step counter;
+  and the step counter; or that the keyboard cannot step: Tab must reach its
+  *next* button and Enter step it, and Tab its slider and the right arrow;
+* **axe**: a serious or critical violation of axe-core's rules (WCAG 2 A and
+  AA: contrast, names, roles...) on the page with every collapsed box open;
 * **marks**: a checker mark (the ✅ and ❌ that ``pagedkv.checks`` prints) that
   renders with zero width or without colour (a blank box or a missing glyph):
   the mark is drawn onto a canvas in the element's own font stack and must
@@ -534,6 +537,58 @@ _REPLAY_STATE_JS = r"""
 """
 
 
+# Focus one of replay k's controls by tabbing to it, as a keyboard user does: focus the
+# element before it, then Tab. Returns whether the control has the focus.
+_REPLAY_FOCUS_JS = r"""
+((k, sel) => {
+  const el = window.__pkvReplays[k], target = el.querySelector(sel);
+  const all = Array.from(document.querySelectorAll('a[href], button, input, select, textarea, summary, [tabindex]'))
+    .filter(e => e.tabIndex >= 0 && !e.disabled && e.getClientRects().length);
+  const at = all.indexOf(target);
+  if (at <= 0) return false;
+  all[at - 1].focus();
+  window.__pkvTabTarget = target;
+  return true;
+})(%d, %s)
+"""
+
+
+def _press(browser: "Browser", key: str, code: int, text: str | None = None) -> None:
+    for kind in ("keyDown", "keyUp"):
+        params = {"type": kind, "key": key, "code": key if len(key) > 1 else f"Key{key.upper()}",
+                  "windowsVirtualKeyCode": code}
+        if text and kind == "keyDown":
+            params["text"] = text
+        browser.send("Input.dispatchKeyEvent", params)
+
+
+def check_replay_keyboard(browser: "Browser", k: int) -> list[tuple[str, str]]:
+    """Replay k from the keyboard alone: Tab reaches its next button and Enter steps it;
+    Tab reaches its slider and the right arrow steps it."""
+    problems = []
+    for sel, key, code, text, what in ((".pkv-next", "Enter", 13, "\r", "Enter on its next button"),
+                                       ("input[type=range]", "ArrowRight", 39, None,
+                                        "the right arrow on its slider")):
+        before = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+        if not browser.evaluate(_REPLAY_FOCUS_JS % (k, json.dumps(sel))):
+            problems.append(("replay", f"replay {k + 1}: its {sel} cannot be reached with Tab"))
+            continue
+        _press(browser, "Tab", 9)
+        if not browser.evaluate("document.activeElement === window.__pkvTabTarget"):
+            problems.append(("replay", f"replay {k + 1}: Tab did not bring the focus to its {sel}"))
+            continue
+        shown, _, total = before["step"].partition(" / ")
+        if shown == total:  # on the last frame: step back first, so that a step forward shows
+            browser.evaluate(f"window.__pkvReplays[{k}].querySelector('.pkv-prev').click()")
+            before = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+            browser.evaluate("window.__pkvTabTarget.focus()")
+        _press(browser, key, code, text)
+        after = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+        if after["step"] == before["step"] or after["shown"] == before["shown"]:
+            problems.append(("replay", f"replay {k + 1} did not advance with {what} "
+                                       f"(step '{before['step']}' -> '{after['step']}')"))
+    return problems
+
 # Set explorable k's controls to ``values`` (null: leave them), one input event
 # each as a reader's move fires, then read back the controls and the output.
 _EXPLORABLE_JS = r"""
@@ -739,8 +794,50 @@ def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
     return unique
 
 
+# ---------------------------------------------------------------- accessibility (axe-core)
+
+AXE_IMPACTS = ("serious", "critical")  # what fails a page; minor and moderate ones are counted
+
+
+def find_axe() -> Path | None:
+    """axe-core's browser script, as ``npm ci`` installs it from package-lock.json (or ``$AXE_CORE``)."""
+    path = Path(os.environ.get("AXE_CORE") or Path(__file__).resolve().parents[1] / "node_modules" / "axe-core"
+                / "axe.min.js")
+    return path if path.is_file() else None
+
+
+# Runs axe on the whole page (the theme's navigation too) with its default rules (WCAG 2.x A and AA).
+_AXE_RUN_JS = r"""
+(async () => {
+  // Collapsed boxes were just opened: let their fade-in end, or axe measures half-faded text.
+  await Promise.race([Promise.all(document.getAnimations().map(a => a.finished.catch(() => null))),
+                      new Promise(r => setTimeout(r, 3000))]);
+  const r = await axe.run(document, {resultTypes: ['violations']});
+  return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.length,
+    where: v.nodes.slice(0, 2).map(n => n.target.join(' ') + (n.failureSummary ? ' (' +
+      n.failureSummary.split('\n').slice(1, 2).join('').trim().slice(0, 120) + ')' : ''))}));
+})()
+"""
+
+
+def check_axe(browser: "Browser", axe_source: str) -> tuple[list[tuple[str, str]], dict]:
+    """axe-core's violations on the page as it stands: serious and critical ones are problems;
+    counts of all of them by impact (for the report)."""
+    browser.evaluate(axe_source + ";0", timeout=60)
+    violations = browser.evaluate(_AXE_RUN_JS, timeout=120)
+    counts = {f"axe_{impact}": 0 for impact in ("minor", "moderate", "serious", "critical")}
+    problems = []
+    for v in violations:
+        counts[f"axe_{v['impact']}"] = counts.get(f"axe_{v['impact']}", 0) + v["nodes"]
+        if v["impact"] in AXE_IMPACTS:
+            problems.append(("axe", f"{v['impact']} {v['id']} on {v['nodes']} element(s): {v['help']}: "
+                                    + "; ".join(v["where"])))
+    return problems, counts
+
+
 def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
-               explorable_cases: int = 8, mode: Mode = MODES["desktop"]) -> PageResult:
+               explorable_cases: int = 8, mode: Mode = MODES["desktop"],
+               axe_source: str | None = None) -> PageResult:
     t0 = time.monotonic()
     result = PageResult(page)
     browser.events.clear()
@@ -769,6 +866,13 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
     result.counts = {**found["counts"], "collapsed": num_collapsed}
     result.problems.extend(tuple(p) for p in found["problems"])
     result.problems.extend(collapsed_problems)
+    if axe_source is not None:  # with every collapsed box open, as _PAGE_JS left them
+        try:
+            axe_problems, axe_counts = check_axe(browser, axe_source)
+        except CDPError as exc:
+            axe_problems, axe_counts = [("axe", f"axe-core could not run: {exc}")], {}
+        result.problems.extend(axe_problems)
+        result.counts.update(axe_counts)
     for k in range(found["replays"]):
         before = browser.evaluate(_REPLAY_STATE_JS % (k, "true"))
         if not before["box"]:
@@ -780,6 +884,7 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
             result.problems.append(("replay", f"replay {k + 1} did not advance when next was clicked "
                                               f"(frames shown {before['shown']} -> {after['shown']}, "
                                               f"step '{before['step']}' -> '{after['step']}')"))
+        result.problems.extend(check_replay_keyboard(browser, k))
     for k in range(found.get("explorables", 0)):
         result.problems.extend(check_explorable(browser, k, explorable_cases, f"{page}:{k}"))
     browser.drain()
@@ -814,9 +919,10 @@ def pages_of(root: Path) -> list[str]:
 
 def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
         binary: str | None = None, log=print, env: dict | None = None,
-        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8) -> list[PageResult]:
+        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8, axe: bool = False) -> list[PageResult]:
     """Check every page under ``html_dir`` (or those whose path contains one of ``only``),
-    once in each of ``modes`` (names in ``MODES``).
+    once in each of ``modes`` (names in ``MODES``), and with ``axe`` also with axe-core
+    (``find_axe``; its absence is an error then).
 
     ``env`` adds to the browser's environment (the tests give it a bare
     fontconfig). Screenshots go to ``screenshots`` when given (the first
@@ -830,6 +936,13 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
         pages = [p for p in pages if any(o in p for o in only)]
     if not pages:
         raise SystemExit(f"no pages under {root}: build the site first")
+    axe_source = None
+    if axe:
+        path = find_axe()
+        if path is None:
+            raise SystemExit("axe-core is not installed: `make node_modules` (npm ci) installs it "
+                             "from package-lock.json")
+        axe_source = path.read_text(encoding="utf-8")
     server = serve(root)
     browser = Browser(binary, env=env)
     results = []
@@ -844,7 +957,7 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
             for page in pages:
                 shot = Path(folder) / (page[:-5].replace("/", "__") + ".png") if folder else None
                 res = check_page(browser, server.base + page, page, shot,
-                                 explorable_cases if n == 0 else 1, mode)
+                                 explorable_cases if n == 0 else 1, mode, axe_source)
                 res.mode = mode.name
                 if mode.dark and not res.counts.get("dark") and not res.counts.get("redirect"):
                     res.problems.append(("dark", "the theme did not switch to dark mode"))
@@ -871,9 +984,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
                         help="how a reader sees the site (default: all)")
     parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
+    parser.add_argument("--no-axe", action="store_true", help="do not run axe-core's accessibility rules")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes)
+    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes, axe=not args.no_axe)
     failed = [r for r in results if not r.ok]
     first = [r for r in results if r.mode == args.modes[0]]
     totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",
@@ -884,7 +998,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.modes:
         mode, done = MODES[name], [r for r in results if r.mode == name]
         print(f"{name}: {len(done)} pages at {mode.width} x {mode.height}{' (dark)' if mode.dark else ''} "
-              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing")
+              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing"
+              + ("" if args.no_axe else "; axe-core: " + ", ".join(
+                  f"{sum(r.counts.get(f'axe_{i}', 0) for r in done)} {i}"
+                  for i in ("critical", "serious", "moderate", "minor")) + " elements in violation"))
     print(f"{len(results)} page views in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
           f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
           f"{totals['figure']} figures, {totals['collapsed']} collapsed answers and hints, "

@@ -185,6 +185,50 @@ def test_in_dark_mode_pictures_are_inverted_and_views_keep_their_contrast(tmp_pa
     [bare] = run(tmp_path / "plain", None, log=None, modes=("dark",))
     assert any("img is drawn light" in d for d in by_kind(bare)["dark"]), bare.problems
 
+
+@needs_chromium
+def test_a_replay_must_step_from_the_keyboard(tmp_path):
+    """The player's buttons and slider step it from the keyboard; one whose next button is a
+    plain span (clickable, but out of the Tab order) fails."""
+    pool = BlockPool(12)
+    frames = [views.Frame("start", views.render_pool(pool))]
+    pool.get_new_blocks(2)
+    frames.append(views.Frame("two blocks", views.render_pool(pool)))
+    good = views.replay_html(frames)
+    spans = good.replace("<button class='pkv-next'", "<span class='pkv-next'", 1)
+    assert spans != good
+    site = write_site(tmp_path / "site", {"good.html": good, "spans.html": spans})
+    results = {r.page: r for r in run(site, None, log=None)}
+    assert results["good.html"].ok, results["good.html"].problems
+    assert by_kind(results["spans.html"]) == {"replay": ["replay 1: its .pkv-next cannot be reached with Tab"]}
+
+
+@needs_chromium
+def test_axe_core_fails_a_page_with_serious_violations_only(tmp_path):
+    """axe-core (npm, package-lock.json) inside the check: grey-on-white text and an image
+    without alt text fail; a page with only a moderate finding passes, and is counted."""
+    import os
+
+    from tools.site_check import find_axe
+
+    if find_axe() is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must run axe-core: `make node_modules` installs it")
+        pytest.skip("axe-core is not installed (make node_modules)")
+    site = write_site(tmp_path / "site", {
+        "bad.html": "<h1>t</h1><p style='color:#bbb'>faint text</p><img src='data:image/gif;base64,"
+                    "R0lGODlhAQABAAAAACw=' width='20' height='20'>",
+        "fine.html": "<h1>t</h1><h3>a heading that skips a level (moderate)</h3><p>plain text</p>"},
+        head="<title>t</title>")
+    for page in site.glob("*.html"):  # a language, as every page of the book has
+        page.write_text(page.read_text().replace("<html>", "<html lang='en'>"))
+    results = {r.page: r for r in run(site, None, log=None, axe=True)}
+    bad = by_kind(results["bad.html"])["axe"]
+    assert any(d.startswith("serious color-contrast") for d in bad), bad
+    assert any(d.startswith("critical image-alt") for d in bad), bad
+    assert results["fine.html"].ok, results["fine.html"].problems
+    assert results["fine.html"].counts["axe_moderate"] >= 1
+
 def test_event_problems_report_console_errors_bad_requests_and_ignore_the_favicon_probe():
     events = [
         {"method": "Network.requestWillBeSent", "params": {"requestId": "1", "request": {"url": "https://cdn.x/y.js"}}},
