@@ -10,7 +10,7 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install node_modules pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install node_modules pdf test-pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
@@ -18,7 +18,9 @@ help:
 	@echo "make fuzz      fuzz each untrusted-input reader for FUZZ_SECONDS (600) seconds (tools/fuzz)"
 	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-citations  every vLLM line the book cites, checked against the vLLM 0.33.0 wheel"
-	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
+	@echo "make test-site the built site in headless Chromium at 1280 and 390 px, light and dark: errors,"
+	@echo "               widths, views, explorables, keyboard, axe-core (after test-book)"
+	@echo "make pdf       the whole book as one PDF, _build/pdf/book.pdf (offline; Chromium, pdftotext)"
 	@echo "make test-live chapters 3-4 in a headless JupyterLab: the live views redraw while cells run (not in CI)"
 	@echo "make execute   re-execute every notebook in place on this machine"
 	@echo "make gpu       on a CUDA machine: tests, notebooks and benchmarks on the GPU"
@@ -40,7 +42,7 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site
+test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site test-pdf
 
 test-lib: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider -n 2 --dist loadfile
@@ -103,6 +105,19 @@ test-book: $(STAMP)
 SITE_MODES ?= desktop phone dark
 test-site: $(STAMP) $(NODE_STAMP)
 	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots --modes $(SITE_MODES)
+
+# The whole book as one PDF, offline: every page of the built site in _toc.yml
+# order on one page (scripts removed: explorables print their drawn figures,
+# replays every frame as a strip; collapsed boxes open), printed to A4 by
+# headless Chromium, then read back with pdftotext (poppler-utils; .ci/run
+# installs it): every chapter's title must be in it (tools/pdf.py).
+# `make pdf` builds the site first; test-pdf (in make test) prints the site
+# test-book built.
+pdf: book
+	$(PY) -m tools.pdf _build/html --out _build/pdf/book.pdf
+
+test-pdf: $(STAMP)
+	$(PY) -m tools.pdf _build/html --out _build/pdf/book.pdf
 
 # axe-core for the site check, from npm at the version package-lock.json pins.
 $(NODE_STAMP): package.json package-lock.json
