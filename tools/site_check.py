@@ -1,6 +1,6 @@
-"""Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
+"""Check the built site in a real browser: every page, as readers see it (1280x900, a phone, dark mode).
 
-    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...]
+    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...] [--no-axe]
 
 Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
 headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
