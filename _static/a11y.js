@@ -11,6 +11,10 @@
      DPUB role "doc-biblioentry", which ARIA 1.2 deprecates; assistive
      technology (and axe) then sees the entries' links as the list's children.
      Each entry becomes a "listitem".
+   - Keyboard: a pool picture scrolls sideways inside its box where the column
+     is narrower than the picture (a phone, see custom.css). Such a box, and
+     only then, joins the Tab order (a scrolling box must be reachable to be
+     scrolled with the keys), named by its picture.
 */
 (function () {
   'use strict';
@@ -23,6 +27,23 @@
       el.setAttribute('role', 'listitem');
     });
   }
-  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', fix);
-  else fix();
+  function scrollers() {
+    document.querySelectorAll('.pagedkv-pool').forEach(function (el) {
+      if (el.scrollWidth > el.clientWidth + 1) {
+        var svg = el.querySelector('svg');
+        el.setAttribute('tabindex', '0');
+        el.setAttribute('role', 'region');
+        el.setAttribute('aria-label', (svg && svg.getAttribute('aria-label')) || 'block pool');
+      } else if (el.getAttribute('tabindex') === '0') {
+        el.removeAttribute('tabindex');
+        el.removeAttribute('role');
+        el.removeAttribute('aria-label');
+      }
+    });
+  }
+  function all() { fix(); scrollers(); }
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', all);
+  else all();
+  window.addEventListener('load', scrollers);
+  window.addEventListener('resize', scrollers);
 })();
