@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
 NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install node_modules pdf test-pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
@@ -17,7 +18,9 @@ help:
 	@echo "make fuzz      fuzz each untrusted-input reader for FUZZ_SECONDS (600) seconds (tools/fuzz)"
 	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-citations  every vLLM line the book cites, checked against the vLLM 0.33.0 wheel"
-	@echo "make test-site the built site in headless Chromium: errors, requests, widths (after test-book)"
+	@echo "make test-site the built site in headless Chromium at 1280 and 390 px, light and dark: errors,"
+	@echo "               widths, views, explorables, keyboard, axe-core (after test-book)"
+	@echo "make pdf       the whole book as one PDF, _build/pdf/book.pdf (offline; Chromium, pdftotext)"
 	@echo "make test-live chapters 3-4 in a headless JupyterLab: the live views redraw while cells run (not in CI)"
 	@echo "make execute   re-execute every notebook in place on this machine"
 	@echo "make gpu       on a CUDA machine: tests, notebooks and benchmarks on the GPU"
@@ -39,9 +42,9 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site
+test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site test-pdf
 
-test-lib: $(STAMP)
+test-lib: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider -n 2 --dist loadfile
 
 # Coverage-guided fuzzing (atheris) of what reads untrusted input: GGUF files,
@@ -89,17 +92,39 @@ test-book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	$(PY) -m tools.notebooks check-site
 
-# Every page of _build/html in headless Chromium at 1280x900 (Debian's
-# `chromium`; .ci/run installs it): script errors, requests, boxes wider than
-# the column, empty views, the replay stepping, the checker marks, and every
-# explorable moved to seeded settings must read as the library computes them.
-# Screenshots go to _build/screenshots/. Run after test-book (or book).
-# SITE_MODES: how a reader sees it (desktop 1280x900, phone 390x844, dark,
-# phone-dark; tools/site_check.py MODES). Only desktop passes today: the phone
-# and dark-mode findings are listed in the explorables branch's report.
-SITE_MODES ?= desktop
-test-site: $(STAMP)
+# Every page of _build/html in headless Chromium (Debian's `chromium`; .ci/run
+# installs it), in each of SITE_MODES: script errors, requests, boxes wider
+# than the column, empty views, the replay stepping by mouse and keyboard, the
+# checker marks, every explorable moved to seeded settings (it must read as the
+# library computes), and axe-core's accessibility rules (no serious or
+# critical violation). Screenshots go to _build/screenshots/. Run after
+# test-book (or book).
+# SITE_MODES: how a reader sees it (tools/site_check.py MODES): desktop
+# 1280x900, phone 390x844 (nothing may widen the page; views legible), dark
+# (the theme's dark mode: no light boxes, readable views), and phone-dark.
+SITE_MODES ?= desktop phone dark
+test-site: $(STAMP) $(NODE_STAMP)
 	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots --modes $(SITE_MODES)
+
+# The whole book as one PDF, offline: every page of the built site in _toc.yml
+# order on one page (scripts removed: explorables print their drawn figures,
+# replays every frame as a strip; collapsed boxes open), printed to A4 by
+# headless Chromium, then read back with pdftotext (poppler-utils; .ci/run
+# installs it): every chapter's title must be in it (tools/pdf.py).
+# `make pdf` builds the site first; test-pdf (in make test) prints the site
+# test-book built.
+pdf: book
+	$(PY) -m tools.pdf _build/html --out _build/pdf/book.pdf
+
+test-pdf: $(STAMP)
+	$(PY) -m tools.pdf _build/html --out _build/pdf/book.pdf
+
+# axe-core for the site check, from npm at the version package-lock.json pins.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+node_modules: $(NODE_STAMP)
 
 # A developers' check, not part of `make test` (CI): JupyterLab on 127.0.0.1
 # (a free port, a token) serving temporary copies of chapters 3 and 4, opened

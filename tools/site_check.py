@@ -1,6 +1,6 @@
-"""Check the built site in a real browser: every page, as a reader at 1280x900 sees it.
+"""Check the built site in a real browser: every page, as readers see it (1280x900, a phone, dark mode).
 
-    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...]
+    python -m tools.site_check [_build/html] [--screenshots DIR] [--only PAGE...] [--modes MODE...] [--no-axe]
 
 Serves the built site on 127.0.0.1 (``http.server`` in a thread), starts
 headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) with a 1280x900
@@ -39,7 +39,10 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   One box is reported once, at its outermost offending element;
 * **replay**: a trace replay whose *next* button, clicked with the mouse (CDP
   ``Input.dispatchMouseEvent`` at its centre), does not change the frame shown
-  and the step counter;
+  and the step counter; or that the keyboard cannot step: Tab must reach its
+  *next* button and Enter step it, and Tab its slider and the right arrow;
+* **axe**: a serious or critical violation of axe-core's rules (WCAG 2 A and
+  AA: contrast, names, roles...) on the page with every collapsed box open;
 * **marks**: a checker mark (the ✅ and ❌ that ``pagedkv.checks`` prints) that
   renders with zero width or without colour (a blank box or a missing glyph):
   the mark is drawn onto a canvas in the element's own font stack and must
@@ -50,9 +53,14 @@ goes to ``_build/screenshots/<page>.png``, and the page fails for:
   events, then an arrow key on its slider), does not read as the library's
   figures for those settings (``pagedkv.views.explorables.KINDS``);
 * in the **phone** modes (390x844): a page laid out wider than the phone or
-  scrolling sideways; code and tables may scroll inside their own box there;
+  scrolling sideways; code, tables and pool pictures may scroll inside their
+  own box there;
+* **illegible** (phone modes): a view's SVG picture (pool, replay) scaled
+  down so far that its smallest label shows under 9 px;
 * in the **dark** modes (the theme's dark mode, via ``prefers-color-scheme``):
-  a light box in the column, or text in a view with contrast under 3:1.
+  a light box in the column, a picture (``<img>``, a pool picture) drawn
+  mostly light through the page's CSS filter (its pixels, on a canvas), or
+  text in a view or an HTML output with contrast under 3:1.
 
 ``run()`` returns one ``PageResult`` per page and mode; ``main()`` prints each failure as
 ``page: kind: detail`` and exits 1 if any. For the book it also insists that
@@ -314,14 +322,15 @@ _PAGE_JS = r"""
   counts.column = Math.round(right - left);
 
   // Too wide, part 1: scroll boxes whose content is wider than the box.
-  const reported = [];
+  const reported = [], scrollers = [];  // scrollers: boxes a phone may scroll sideways
   const inside = el => reported.some(r => r.contains(el));
+  const scrolled = el => scrollers.some(s => s !== el && s.contains(el));
   for (const el of col.querySelectorAll('*')) {
     if (inside(el)) continue;
     const ox = getComputedStyle(el).overflowX;
     if (ox === 'visible') continue;
     // On a phone, code and wide tables may scroll inside their box; only a box that clips may not.
-    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) continue;
+    if (window.__pkvPhone && (ox === 'auto' || ox === 'scroll')) { scrollers.push(el); continue; }
     if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
       reported.push(el);
       problems.push(['too wide', `${where(el)}: ${name(el)} scrolls (content ${el.scrollWidth} px in a ` +
@@ -331,7 +340,7 @@ _PAGE_JS = r"""
   // Too wide, part 2: boxes that stick out of the column.
   const sel = 'pre, table, img, svg, figure, .cell_output, .pagedkv-pool, .pagedkv-block-table, .pagedkv-replay';
   for (const el of col.querySelectorAll(sel)) {
-    if (inside(el) || !shown(el)) continue;
+    if (inside(el) || scrolled(el) || !shown(el)) continue;
     if (el instanceof SVGElement && el.ownerSVGElement) continue;  // parts of a picture
     const r = el.getBoundingClientRect();
     if (r.right > right + 1 || r.left < left - 1) {
@@ -348,6 +357,20 @@ _PAGE_JS = r"""
     problems.push(['too wide', `page: laid out ${window.innerWidth} px wide for a ${screen.width}-px phone, so the browser shrinks it`]);
   if (window.__pkvPhone && doc.scrollWidth > window.innerWidth + 1)
     problems.push(['too wide', `page: the page scrolls sideways (${doc.scrollWidth} px in a ${window.innerWidth}-px window)`]);
+
+  // Legible on a phone: a view's SVG picture scales with the column; its smallest label, as drawn,
+  // is 9 px or more. (At 1280 px the book's pictures are drawn for the column, at full size.)
+  for (const svg of window.__pkvPhone ? col.querySelectorAll('.pagedkv-pool svg, .pagedkv-replay svg') : []) {
+    if (svg.ownerSVGElement || !shown(svg) || svg.closest('desc')) continue;
+    const vb = svg.viewBox && svg.viewBox.baseVal;
+    if (!vb || !vb.width) continue;
+    const scale = svg.getBoundingClientRect().width / vb.width;
+    const sizes = Array.from(svg.querySelectorAll('text')).map(t => parseFloat(t.getAttribute('font-size'))).filter(x => x > 0);
+    if (sizes.length && Math.min(...sizes) * scale < 9) {
+      problems.push(['illegible', `${where(svg)}: a picture drawn at ${Math.round(scale * 100)} % of its size: ` +
+                     `its ${Math.min(...sizes)}-px labels show at ${(Math.min(...sizes) * scale).toFixed(1)} px`]);
+    }
+  }
 
   // Dark mode: no light box in the column, and text that stands out from what is behind it.
   counts.dark = doc.dataset.theme === 'dark' ? 1 : 0;
@@ -366,8 +389,42 @@ _PAGE_JS = r"""
         problems.push(['dark', `${where(el)}: ${name(el)} is a light box (${Math.round(r.width)} x ${Math.round(r.height)} px, ${getComputedStyle(el).backgroundColor}) in dark mode: "${snippet(el)}"`]);
       }
     }
+    // Pictures (figures, diagrams, pool pictures) as drawn, through the page's CSS filter: not mostly light.
+    const pageBg = background(col);
+    const drawn = async el => {
+      const img = el.tagName === 'IMG' ? el : await new Promise(done => {
+        const i = new Image();
+        i.onload = () => done(i); i.onerror = () => done(null);
+        i.src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(new XMLSerializer().serializeToString(el));
+      });
+      if (!img || !img.naturalWidth) return null;
+      const canvas = document.createElement('canvas');
+      canvas.width = canvas.height = 64;
+      const ctx = canvas.getContext('2d'), cs = getComputedStyle(el), own = rgba(cs.backgroundColor);
+      ctx.fillStyle = `rgb(${pageBg[0]},${pageBg[1]},${pageBg[2]})`;
+      ctx.fillRect(0, 0, 64, 64);
+      ctx.filter = cs.filter || 'none';
+      if (own[3] > 0) { ctx.fillStyle = cs.backgroundColor; ctx.fillRect(0, 0, 64, 64); }
+      ctx.drawImage(img, 0, 0, 64, 64);
+      try {
+        const d = ctx.getImageData(0, 0, 64, 64).data;
+        let sum = 0;
+        for (let i = 0; i < d.length; i += 4) sum += lum([d[i], d[i + 1], d[i + 2]]);
+        return sum / (d.length / 4);
+      } catch (e) { return null; }  // a picture the canvas may not read
+    };
+    for (const el of col.querySelectorAll('img, .pagedkv-pool > svg')) {
+      const r = el.getBoundingClientRect();
+      if (light.some(l => l.contains(el)) || r.width * r.height <= 4000 || r.height <= 24) continue;
+      const mean = await drawn(el);
+      if (mean !== null && mean > 0.4) {
+        light.push(el);
+        problems.push(['dark', `${where(el)}: ${name(el)} is drawn light (${Math.round(r.width)} x ${Math.round(r.height)} px, mean luminance ${mean.toFixed(2)}) in dark mode: "${snippet(el).slice(0, 40)}"`]);
+      }
+    }
+    counts.pictures_dark = col.querySelectorAll('img, .pagedkv-pool > svg').length;
     let faint = 0;
-    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable')) {
+    for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable, .cell_output .text_html')) {
       for (const t of el.querySelectorAll('*')) {
         if (faint >= 3 || !Array.from(t.childNodes).some(n => n.nodeType === 3 && n.data.trim()) || !shown(t)) continue;
         if (t.closest('svg')) continue;  // SVG text is drawn on its own cells
@@ -479,6 +536,58 @@ _REPLAY_STATE_JS = r"""
 })(%d, %s)
 """
 
+
+# Focus one of replay k's controls by tabbing to it, as a keyboard user does: focus the
+# element before it, then Tab. Returns whether the control has the focus.
+_REPLAY_FOCUS_JS = r"""
+((k, sel) => {
+  const el = window.__pkvReplays[k], target = el.querySelector(sel);
+  const all = Array.from(document.querySelectorAll('a[href], button, input, select, textarea, summary, [tabindex]'))
+    .filter(e => e.tabIndex >= 0 && !e.disabled && e.getClientRects().length);
+  const at = all.indexOf(target);
+  if (at <= 0) return false;
+  all[at - 1].focus();
+  window.__pkvTabTarget = target;
+  return true;
+})(%d, %s)
+"""
+
+
+def _press(browser: "Browser", key: str, code: int, text: str | None = None) -> None:
+    for kind in ("keyDown", "keyUp"):
+        params = {"type": kind, "key": key, "code": key if len(key) > 1 else f"Key{key.upper()}",
+                  "windowsVirtualKeyCode": code}
+        if text and kind == "keyDown":
+            params["text"] = text
+        browser.send("Input.dispatchKeyEvent", params)
+
+
+def check_replay_keyboard(browser: "Browser", k: int) -> list[tuple[str, str]]:
+    """Replay k from the keyboard alone: Tab reaches its next button and Enter steps it;
+    Tab reaches its slider and the right arrow steps it."""
+    problems = []
+    for sel, key, code, text, what in ((".pkv-next", "Enter", 13, "\r", "Enter on its next button"),
+                                       ("input[type=range]", "ArrowRight", 39, None,
+                                        "the right arrow on its slider")):
+        before = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+        if not browser.evaluate(_REPLAY_FOCUS_JS % (k, json.dumps(sel))):
+            problems.append(("replay", f"replay {k + 1}: its {sel} cannot be reached with Tab"))
+            continue
+        _press(browser, "Tab", 9)
+        if not browser.evaluate("document.activeElement === window.__pkvTabTarget"):
+            problems.append(("replay", f"replay {k + 1}: Tab did not bring the focus to its {sel}"))
+            continue
+        shown, _, total = before["step"].partition(" / ")
+        if shown == total:  # on the last frame: step back first, so that a step forward shows
+            browser.evaluate(f"window.__pkvReplays[{k}].querySelector('.pkv-prev').click()")
+            before = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+            browser.evaluate("window.__pkvTabTarget.focus()")
+        _press(browser, key, code, text)
+        after = browser.evaluate(_REPLAY_STATE_JS % (k, "false"))
+        if after["step"] == before["step"] or after["shown"] == before["shown"]:
+            problems.append(("replay", f"replay {k + 1} did not advance with {what} "
+                                       f"(step '{before['step']}' -> '{after['step']}')"))
+    return problems
 
 # Set explorable k's controls to ``values`` (null: leave them), one input event
 # each as a reader's move fires, then read back the controls and the output.
@@ -685,15 +794,62 @@ def _event_problems(events: list[dict]) -> list[tuple[str, str]]:
     return unique
 
 
+# ---------------------------------------------------------------- accessibility (axe-core)
+
+AXE_IMPACTS = ("serious", "critical")  # what fails a page; minor and moderate ones are counted
+
+
+def find_axe() -> Path | None:
+    """axe-core's browser script, as ``npm ci`` installs it from package-lock.json (or ``$AXE_CORE``)."""
+    path = Path(os.environ.get("AXE_CORE") or Path(__file__).resolve().parents[1] / "node_modules" / "axe-core"
+                / "axe.min.js")
+    return path if path.is_file() else None
+
+
+# Runs axe on the whole page (the theme's navigation too) with its default rules (WCAG 2.x A and AA).
+_AXE_RUN_JS = r"""
+(async () => {
+  // Collapsed boxes were just opened: let their fade-in end, or axe measures half-faded text.
+  await Promise.race([Promise.all(document.getAnimations().map(a => a.finished.catch(() => null))),
+                      new Promise(r => setTimeout(r, 3000))]);
+  const r = await axe.run(document, {resultTypes: ['violations']});
+  return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.length,
+    where: v.nodes.slice(0, 2).map(n => n.target.join(' ') + (n.failureSummary ? ' (' +
+      n.failureSummary.split('\n').slice(1, 2).join('').trim().slice(0, 120) + ')' : ''))}));
+})()
+"""
+
+
+def check_axe(browser: "Browser", axe_source: str) -> tuple[list[tuple[str, str]], dict]:
+    """axe-core's violations on the page as it stands: serious and critical ones are problems;
+    counts of all of them by impact (for the report)."""
+    browser.evaluate(axe_source + ";0", timeout=60)
+    violations = browser.evaluate(_AXE_RUN_JS, timeout=120)
+    counts = {f"axe_{impact}": 0 for impact in ("minor", "moderate", "serious", "critical")}
+    problems = []
+    for v in violations:
+        counts[f"axe_{v['impact']}"] = counts.get(f"axe_{v['impact']}", 0) + v["nodes"]
+        if v["impact"] in AXE_IMPACTS:
+            problems.append(("axe", f"{v['impact']} {v['id']} on {v['nodes']} element(s): {v['help']}: "
+                                    + "; ".join(v["where"])))
+    return problems, counts
+
+
 def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
-               explorable_cases: int = 8, mode: Mode = MODES["desktop"]) -> PageResult:
+               explorable_cases: int = 8, mode: Mode = MODES["desktop"],
+               axe_source: str | None = None) -> PageResult:
     t0 = time.monotonic()
     result = PageResult(page)
     browser.events.clear()
     browser.send("Page.navigate", {"url": url})
     if browser.wait_for("Page.loadEventFired") is None:
         result.problems.append(("load", "the page did not finish loading in time"))
-    redirect = browser.evaluate("(document.querySelector('meta[http-equiv=refresh i]') || {}).content || ''")
+    try:
+        redirect = browser.evaluate("(document.querySelector('meta[http-equiv=refresh i]') || {}).content || ''")
+    except CDPError as exc:  # a zero-delay redirect can leave before the question arrives
+        if "navigated" not in str(exc):
+            raise
+        redirect = "left on load"
     if redirect:  # a redirect page (the site's index.html): check that its target loads, nothing more
         deadline = time.monotonic() + browser.timeout
         while sum(e["method"] == "Page.loadEventFired" for e in browser.events) < 2 and time.monotonic() < deadline:
@@ -715,6 +871,13 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
     result.counts = {**found["counts"], "collapsed": num_collapsed}
     result.problems.extend(tuple(p) for p in found["problems"])
     result.problems.extend(collapsed_problems)
+    if axe_source is not None:  # with every collapsed box open, as _PAGE_JS left them
+        try:
+            axe_problems, axe_counts = check_axe(browser, axe_source)
+        except CDPError as exc:
+            axe_problems, axe_counts = [("axe", f"axe-core could not run: {exc}")], {}
+        result.problems.extend(axe_problems)
+        result.counts.update(axe_counts)
     for k in range(found["replays"]):
         before = browser.evaluate(_REPLAY_STATE_JS % (k, "true"))
         if not before["box"]:
@@ -726,6 +889,7 @@ def check_page(browser: Browser, url: str, page: str, screenshot: Path | None,
             result.problems.append(("replay", f"replay {k + 1} did not advance when next was clicked "
                                               f"(frames shown {before['shown']} -> {after['shown']}, "
                                               f"step '{before['step']}' -> '{after['step']}')"))
+        result.problems.extend(check_replay_keyboard(browser, k))
     for k in range(found.get("explorables", 0)):
         result.problems.extend(check_explorable(browser, k, explorable_cases, f"{page}:{k}"))
     browser.drain()
@@ -760,9 +924,10 @@ def pages_of(root: Path) -> list[str]:
 
 def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
         binary: str | None = None, log=print, env: dict | None = None,
-        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8) -> list[PageResult]:
+        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8, axe: bool = False) -> list[PageResult]:
     """Check every page under ``html_dir`` (or those whose path contains one of ``only``),
-    once in each of ``modes`` (names in ``MODES``).
+    once in each of ``modes`` (names in ``MODES``), and with ``axe`` also with axe-core
+    (``find_axe``; its absence is an error then).
 
     ``env`` adds to the browser's environment (the tests give it a bare
     fontconfig). Screenshots go to ``screenshots`` when given (the first
@@ -776,6 +941,13 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
         pages = [p for p in pages if any(o in p for o in only)]
     if not pages:
         raise SystemExit(f"no pages under {root}: build the site first")
+    axe_source = None
+    if axe:
+        path = find_axe()
+        if path is None:
+            raise SystemExit("axe-core is not installed: `make node_modules` (npm ci) installs it "
+                             "from package-lock.json")
+        axe_source = path.read_text(encoding="utf-8")
     server = serve(root)
     browser = Browser(binary, env=env)
     results = []
@@ -790,7 +962,7 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
             for page in pages:
                 shot = Path(folder) / (page[:-5].replace("/", "__") + ".png") if folder else None
                 res = check_page(browser, server.base + page, page, shot,
-                                 explorable_cases if n == 0 else 1, mode)
+                                 explorable_cases if n == 0 else 1, mode, axe_source)
                 res.mode = mode.name
                 if mode.dark and not res.counts.get("dark") and not res.counts.get("redirect"):
                     res.problems.append(("dark", "the theme did not switch to dark mode"))
@@ -805,7 +977,7 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
 
 
 # What the book's pages must contain somewhere, so that no check silently finds nothing.
-BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 1,
+BOOK_EXPECTS = {"pool": 1, "table": 1, "replay": 1, "figure": 1, "marks": 2, "explorable": 5,
                 "collapsed": 40}
 
 
@@ -817,9 +989,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
                         help="how a reader sees the site (default: all)")
     parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
+    parser.add_argument("--no-axe", action="store_true", help="do not run axe-core's accessibility rules")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes)
+    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes, axe=not args.no_axe)
     failed = [r for r in results if not r.ok]
     first = [r for r in results if r.mode == args.modes[0]]
     totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",
@@ -830,7 +1003,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.modes:
         mode, done = MODES[name], [r for r in results if r.mode == name]
         print(f"{name}: {len(done)} pages at {mode.width} x {mode.height}{' (dark)' if mode.dark else ''} "
-              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing")
+              f"in {sum(r.seconds for r in done):.0f} s, {sum(1 for r in done if not r.ok)} failing"
+              + ("" if args.no_axe else "; axe-core: " + ", ".join(
+                  f"{sum(r.counts.get(f'axe_{i}', 0) for r in done)} {i}"
+                  for i in ("critical", "serious", "moderate", "minor")) + " elements in violation"))
     print(f"{len(results)} page views in {time.monotonic() - t0:.0f} s; found {totals['pool']} pool views, "
           f"{totals['table']} block tables, {totals['replay']} replays, {totals['explorable']} explorables, "
           f"{totals['figure']} figures, {totals['collapsed']} collapsed answers and hints, "

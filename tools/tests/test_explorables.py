@@ -219,3 +219,81 @@ def test_tail_module_reproduces_chapter_2s_lengths(tail_js):
     assert tails == [15, 1, 0, 15]
     worst = tail_js("compute", {"length": 17, "block_size": 16, **config["fixed"]}, config)["rows"][5]
     assert worst == ["worst case, B - 1 slots", "1.88 MiB"]
+
+
+# ---------------------------------------------------------------- chapters 3 and 6: prefix-cache hits
+
+
+@pytest.fixture(scope="module")
+def prefix_js():
+    node = Node("prefix")
+    yield node
+    node.close()
+
+
+# Shared prompts ending on, just before and just after a block boundary, and long ones.
+_shared = st.one_of(st.integers(1, 300), st.integers(1, 40).map(lambda k: 16 * k + 1),
+                    st.integers(1, 40).map(lambda k: 16 * k), st.integers(1, 5000))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared=_shared, own=st.one_of(st.just(0), st.integers(0, 3), st.integers(0, 64)),
+       block_size=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]),
+       match_unit=st.one_of(st.none(), st.sampled_from([1, 2, 3, 4, 8, 16, 64])),
+       a_own=st.integers(1, 20))
+def test_prefix_module_gives_the_librarys_figures(prefix_js, shared, own, block_size, match_unit, a_own):
+    config = explorables.prefix_config(a_own, match_unit)
+    inputs = explorables.prefix_inputs({"shared": shared, "own": own, "block_size": block_size}, config)
+    expected = explorables.prefix_figures(inputs)
+    assert prefix_js("compute", inputs, config) == expected
+    assert prefix_js("render", expected, config) == explorables.render_prefix(expected, config)
+
+
+def test_prefix_module_keeps_vllms_two_rules(prefix_js):
+    """Chapter 3's 14 shared tokens in blocks of 4 hit 3 blocks; a prompt that is exactly
+    the shared 16 tokens hits 3, not 4 (its last token is computed); chapter 6's
+    4,100-token document with a match unit of 4 hits 256 blocks and 4 slots of a copy."""
+    config = explorables.prefix_config()
+    at = lambda **v: prefix_js("compute", explorables.prefix_inputs(v, config), config)  # noqa: E731
+    assert at(shared=14, own=3, block_size=4)["states"] == ["hit"] * 3 + ["new"] * 2
+    whole = at(shared=16, own=0, block_size=4)
+    assert whole["states"] == ["hit"] * 3 + ["new"] and whole["why"].startswith("At most L - 1 = 15")
+    doc = at(shared=4100, own=12, block_size=16, match_unit=4)
+    assert doc["states"].count("hit") == 256 and doc["states"][256] == "copy"
+    assert ["partial block hit", "4 of 16 slots, copied"] in doc["rows"]
+    assert at(shared=10, own=2, block_size=16, match_unit=5)["verdict"] == "invalid"
+
+
+# ---------------------------------------------------------------- chapter 5: the slot mapping
+
+
+@pytest.fixture(scope="module")
+def slots_js():
+    node = Node("slots")
+    yield node
+    node.close()
+
+
+SLOTS_CONFIG = explorables.slots_config()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=st.integers(1, 40), block_size=st.sampled_from(explorables.SLOT_BLOCK_SIZES),
+       chunk=st.one_of(st.integers(1, 40), st.integers(1, 4)), step=st.integers(1, 16))
+def test_slots_module_gives_the_librarys_figures(slots_js, prompt, block_size, chunk, step):
+    inputs = explorables.slots_inputs({"prompt": prompt, "block_size": block_size, "chunk": chunk,
+                                       "step": step}, SLOTS_CONFIG)
+    expected = explorables.slots_figures(inputs)
+    assert slots_js("compute", inputs, SLOTS_CONFIG) == expected
+    assert slots_js("render", expected, SLOTS_CONFIG) == explorables.render_slots(expected, SLOTS_CONFIG)
+
+
+def test_slots_module_follows_the_free_queue_across_steps(slots_js):
+    """Blocks of 4, a 10-token prompt in chunks of 6: step 1 takes the queue's first two
+    blocks, step 2 one more, step 3 (a decode) none; every slot is block * 4 + offset."""
+    queue = SLOTS_CONFIG["queues"]["4"]
+    steps = [slots_js("compute", {"prompt": 10, "block_size": 4, "chunk": 6, "step": k}, SLOTS_CONFIG)
+             for k in (1, 2, 3)]
+    assert [s["new"] for s in steps] == [queue[:2], queue[2:3], []]
+    assert steps[2]["title"] == "step 3: decode, the token at position 10"
+    assert all(t[4] == t[2] * 4 + t[3] and t[2] == s["row"][t[1]] for s in steps for t in s["tokens"])

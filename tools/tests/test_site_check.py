@@ -121,6 +121,114 @@ def test_the_sites_stylesheet_wraps_outputs_scales_views_and_colours_the_marks(t
     assert len(kinds["too wide"]) == 2  # the output line and the table; the pool scales by itself
 
 
+
+@needs_chromium
+def test_on_a_phone_literals_break_and_pool_pictures_scroll_in_their_box_at_a_legible_size(tmp_path):
+    """At 390 px, without the book's stylesheet a long inline literal widens the page and a
+    pool picture shrinks to unreadable labels; with it, both fit and the labels stay at 9 px."""
+    pool = BlockPool(12)
+    pool.get_new_blocks(3)
+    body = ("<div class='bd-content'><p>see <code class='literal'><span class='pre'>"
+            "v1/attention/ops/triton_unified_attention.py:488-498</span></code> for it</p>"
+            "<div class='cell'><div class='cell_output'>" + views.render_pool(pool) + "</div></div></div>")
+    phone_page = PAGE.replace("width:688px", "width:100%").replace(
+        "<head>", "<head><meta name='viewport' content='width=device-width, initial-scale=1'>")
+    for name, head in (("styled", "<link rel='stylesheet' href='_static/custom.css'>"), ("plain", "")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "page.html").write_text(phone_page.format(head=head, body=body))
+    shutil.copytree(REPO / "_static", tmp_path / "styled" / "_static")
+    [styled] = run(tmp_path / "styled", None, log=None, modes=("phone",))
+    assert styled.ok, styled.problems
+    [plain] = run(tmp_path / "plain", None, log=None, modes=("phone",))
+    kinds = by_kind(plain)
+    assert set(kinds) == {"too wide", "illegible"}, plain.problems
+    assert kinds["too wide"][0].startswith("page: laid out")
+    assert "labels show at" in kinds["illegible"][0]
+
+
+@needs_chromium
+def test_in_dark_mode_pictures_are_inverted_and_views_keep_their_contrast(tmp_path):
+    """The theme's dark mode on a fake page: without the book's stylesheet a white figure and
+    the light output cards are light boxes; with it, the figure is drawn dark (its pixels,
+    through the CSS filter) and a block table's cells keep dark text on their colours."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([0, 1], [0, 1])
+    switch = ("<script>document.documentElement.dataset.theme = "
+              "matchMedia('(prefers-color-scheme: dark)').matches ? 'dark' : 'light'</script>")
+    # The theme's two dark-mode rules that make the light cards.
+    theme = ("<style>html[data-theme=dark] body{background:#14181e;color:#ced6dd}"
+             "html[data-theme=dark] .bd-content div.cell_output .text_html:not(:has(table.dataframe)),"
+             "html[data-theme=dark] .bd-content div.cell_output img{background-color:#ced6dd;color:#222832}"
+             "</style>")
+    body = ("<div class='bd-content'><div class='cell'><div class='cell_output'>"
+            "<img src='figure.png' width='600'></div></div><div class='cell'><div class='cell_output'>"
+            "<div class='output text_html'>" + views.render_block_table({"A": [1, 2], "B": [3]})
+            + "</div></div></div></div>")
+    for name, link in (("styled", "<link rel='stylesheet' href='_static/custom.css'>"), ("plain", "")):
+        write_site(tmp_path / name, {"page.html": body}, head=switch + theme + link)
+        fig.savefig(tmp_path / name / "figure.png", facecolor="white")
+    plt.close(fig)
+    shutil.copytree(REPO / "_static", tmp_path / "styled" / "_static")
+    [styled] = run(tmp_path / "styled", None, log=None, modes=("dark",))
+    assert styled.ok, styled.problems
+    [plain] = run(tmp_path / "plain", None, log=None, modes=("dark",))
+    details = by_kind(plain)["dark"]
+    assert any("img is a light box" in d for d in details), details
+    assert any("div.output.text_html is a light box" in d for d in details), details
+    # Only the theme's card made the figure light: on a transparent card, its white pixels still show.
+    (tmp_path / "plain" / "page.html").write_text((tmp_path / "plain" / "page.html").read_text().replace(
+        "</style>", "html[data-theme=dark] .bd-content div.cell_output img{background:none}</style>", 1))
+    [bare] = run(tmp_path / "plain", None, log=None, modes=("dark",))
+    assert any("img is drawn light" in d for d in by_kind(bare)["dark"]), bare.problems
+
+
+@needs_chromium
+def test_a_replay_must_step_from_the_keyboard(tmp_path):
+    """The player's buttons and slider step it from the keyboard; one whose next button is a
+    plain span (clickable, but out of the Tab order) fails."""
+    pool = BlockPool(12)
+    frames = [views.Frame("start", views.render_pool(pool))]
+    pool.get_new_blocks(2)
+    frames.append(views.Frame("two blocks", views.render_pool(pool)))
+    good = views.replay_html(frames)
+    spans = good.replace("<button class='pkv-next'", "<span class='pkv-next'", 1)
+    assert spans != good
+    site = write_site(tmp_path / "site", {"good.html": good, "spans.html": spans})
+    results = {r.page: r for r in run(site, None, log=None)}
+    assert results["good.html"].ok, results["good.html"].problems
+    assert by_kind(results["spans.html"]) == {"replay": ["replay 1: its .pkv-next cannot be reached with Tab"]}
+
+
+@needs_chromium
+def test_axe_core_fails_a_page_with_serious_violations_only(tmp_path):
+    """axe-core (npm, package-lock.json) inside the check: grey-on-white text and an image
+    without alt text fail; a page with only a moderate finding passes, and is counted."""
+    import os
+
+    from tools.site_check import find_axe
+
+    if find_axe() is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must run axe-core: `make node_modules` installs it")
+        pytest.skip("axe-core is not installed (make node_modules)")
+    site = write_site(tmp_path / "site", {
+        "bad.html": "<h1>t</h1><p style='color:#bbb'>faint text</p><img src='data:image/gif;base64,"
+                    "R0lGODlhAQABAAAAACw=' width='20' height='20'>",
+        "fine.html": "<h1>t</h1><h3>a heading that skips a level (moderate)</h3><p>plain text</p>"},
+        head="<title>t</title>")
+    for page in site.glob("*.html"):  # a language, as every page of the book has
+        page.write_text(page.read_text().replace("<html>", "<html lang='en'>"))
+    results = {r.page: r for r in run(site, None, log=None, axe=True)}
+    bad = by_kind(results["bad.html"])["axe"]
+    assert any(d.startswith("serious color-contrast") for d in bad), bad
+    assert any(d.startswith("critical image-alt") for d in bad), bad
+    assert results["fine.html"].ok, results["fine.html"].problems
+    assert results["fine.html"].counts["axe_moderate"] >= 1
+
 def test_event_problems_report_console_errors_bad_requests_and_ignore_the_favicon_probe():
     events = [
         {"method": "Network.requestWillBeSent", "params": {"requestId": "1", "request": {"url": "https://cdn.x/y.js"}}},

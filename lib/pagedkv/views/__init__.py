@@ -42,7 +42,7 @@ _EXPORTS = {
                      "pool_history_figure", "pool_snapshot"],
                     "figures"),
     **dict.fromkeys(["BudgetCalculator", "plot_budget", "plot_shared_card"], "calculator"),
-    **dict.fromkeys(["Explorable", "budget_explorer", "tail_explorer"], "explorables"),
+    **dict.fromkeys(["Explorable", "budget_explorer", "prefix_explorer", "slots_explorer", "tail_explorer"], "explorables"),
     **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
                      "plot_composition", "composition_table", "plot_concurrency",
                      "plot_block_size_sweep", "composition_html", "FragmentationExplorer"], "fragmentation"),

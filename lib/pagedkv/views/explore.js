@@ -14,6 +14,7 @@
    repr(x)           repr(float): shortest round trip, "4.0" not "4"
    round2(x)         f"{round(x, 2)}" (vLLM's format_gib)
    int(n)            f"{n:,}" for an integer
+   table(rows)       a two-column table of [label, value] rows, escaped
 
    mount(id)         wires an explorable's controls: on every input it
                      recomputes the figures (kind.compute) and redraws the
@@ -81,6 +82,13 @@ var pkvExplore = (typeof pkvExplore === 'object' && pkvExplore) || (function () 
     });
   }
 
+  // A two-column table of [label, value] rows, both escaped.
+  function table(rows) {
+    return "<table class='pkv-table'>" + rows.map(function (kv) {
+      return '<tr><td>' + esc(kv[0]) + '</td><td>' + esc(kv[1]) + '</td></tr>';
+    }).join('') + '</table>';
+  }
+
   var kinds = {};
 
   function mount(id) {
@@ -110,5 +118,5 @@ var pkvExplore = (typeof pkvExplore === 'object' && pkvExplore) || (function () 
   }
 
   return {floorDiv: floorDiv, cdiv: cdiv, fixed: fixed, repr: repr, round2: round2,
-          int: int, esc: esc, kinds: kinds, mount: mount};
+          int: int, esc: esc, table: table, kinds: kinds, mount: mount};
 })();
