@@ -148,10 +148,11 @@ class BlockPool(EventSource):
         tenant is evicted: its prefix-cache entry dies here, at reuse, not when
         it was freed.
         """
-        try:
-            ret = self.free_block_queue.popleft_n(num_blocks)  # it checks num_blocks, and changes nothing if bad
-        except (TypeError, ValueError):
-            raise self._bad_get(num_blocks) from None  # the same refusal, in this method's words
+        num_blocks = check_int(num_blocks, "num_blocks", 0)
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"cannot get num_blocks={num_blocks} new blocks: only "
+                             f"{self.free_block_queue.num_free_blocks} are free")
+        ret = self.free_block_queue.popleft_n(num_blocks)
         # Each block's own work: a reference, and a stale cache entry dropped.
         evicted = None  # block ids whose cache entry dies here; rarely any
         for block in ret:
@@ -168,16 +169,6 @@ class BlockPool(EventSource):
                 self._emit(PoolEvent("evict", tuple(evicted)))
             self._emit(PoolEvent("allocate", tuple([b.block_id for b in ret])))
         return ret
-
-    def _bad_get(self, num_blocks: object) -> Exception:
-        try:
-            num_blocks = check_int(num_blocks, "num_blocks", 0)
-        except (TypeError, ValueError) as exc:
-            return exc
-        return ValueError(
-            f"cannot get num_blocks={num_blocks} new blocks: only "
-            f"{self.free_block_queue.num_free_blocks} are free"
-        )
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop ``block``'s prefix-cache entry and its hash."""
