@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .common import InvariantError, check_int
+from .common import InvariantError, check_int, require
 from .free_queue import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 from .pool_events import EventSource, ListenerWarning, PoolEvent
 
@@ -98,10 +98,6 @@ def _run_ids(first: KVCacheBlock | None, last: KVCacheBlock | None) -> tuple[int
             break
         block = block.next_free_block
     return tuple(ids)
-
-
-def _fail(name: str, detail: str) -> None:
-    raise InvariantError(f"invariant '{name}' broken: {detail}")
 
 
 class BlockPool(EventSource):
@@ -471,53 +467,46 @@ class BlockPool(EventSource):
 
     def _check_blocks(self) -> None:
         n = self.num_gpu_blocks
-        if len(self.blocks) != n:
-            _fail("one block per id", f"{len(self.blocks)} blocks for num_gpu_blocks={n}")
+        require(len(self.blocks) == n, "one block per id", f"{len(self.blocks)} blocks for num_gpu_blocks={n}")
         for i, block in enumerate(self.blocks):
-            if block.block_id != i:
-                _fail("one block per id", f"blocks[{i}] has block_id {block.block_id}")
+            require(block.block_id == i, "one block per id", lambda: f"blocks[{i}] has block_id {block.block_id}")
         null = self.null_block
-        if null is not self.blocks[0] or not null.is_null:
-            _fail("null block is block 0", f"null_block is {null!r}")
-        if any(b.is_null for b in self.blocks[1:]):
-            _fail("null block is block 0", "another block is marked is_null")
-        if null.prev_free_block is not None or null.next_free_block is not None:
-            _fail("null block is never free", "block 0 is linked into the free queue")
-        if null.block_hash is not None:
-            _fail("null block is never cached", f"block 0 holds hash {null.block_hash!r}")
+        require(null is self.blocks[0] and null.is_null, "null block is block 0", f"null_block is {null!r}")
+        require(not any(b.is_null for b in self.blocks[1:]), "null block is block 0", "another block is marked is_null")
+        require(null.prev_free_block is None and null.next_free_block is None, "null block is never free",
+                "block 0 is linked into the free queue")
+        require(null.block_hash is None, "null block is never cached", f"block 0 holds hash {null.block_hash!r}")
 
     def _check_free_means_unreferenced(self, queued: list[KVCacheBlock]) -> None:
         """Queued blocks are this pool's, with ref_cnt 0; every other block is held and unlinked."""
         queued_ids = set()
         for block in queued:
-            if not self.owns(block):
-                _fail("queue holds pool blocks", f"foreign block {block!r} in the free queue")
-            if block.ref_cnt != 0:
-                _fail("free <=> ref_cnt == 0", f"queued block {block.block_id} has ref_cnt {block.ref_cnt}")
+            require(self.owns(block), "queue holds pool blocks", lambda: f"foreign block {block!r} in the free queue")
+            require(block.ref_cnt == 0, "free <=> ref_cnt == 0",
+                    lambda: f"queued block {block.block_id} has ref_cnt {block.ref_cnt}")
             queued_ids.add(block.block_id)
         for block in self.blocks[1:]:
             if block.block_id in queued_ids:
                 continue
-            if block.ref_cnt <= 0:
-                _fail("free <=> ref_cnt == 0", f"block {block.block_id} is out of the queue with ref_cnt {block.ref_cnt}")
-            if block.prev_free_block is not None or block.next_free_block is not None:
-                _fail("links consistent", f"block {block.block_id} is out of the queue but still linked")
+            require(block.ref_cnt > 0, "free <=> ref_cnt == 0",
+                    lambda: f"block {block.block_id} is out of the queue with ref_cnt {block.ref_cnt}")
+            require(block.prev_free_block is None and block.next_free_block is None, "links consistent",
+                    lambda: f"block {block.block_id} is out of the queue but still linked")
 
     def _check_prefix_cache(self) -> None:
         """The prefix cache and the blocks' hashes agree, both ways."""
         table = self.cached_block_hash_to_block
-        if not self.enable_caching and (table or any(b.block_hash is not None for b in self.blocks)):
-            _fail("no cache without caching", "a hash is recorded while enable_caching=False")
+        require(self.enable_caching or not (table or any(b.block_hash is not None for b in self.blocks)),
+                "no cache without caching", "a hash is recorded while enable_caching=False")
         n, num_entries = self.num_gpu_blocks, 0
         for block_hash, same_hash in table.items():
-            if not same_hash:
-                _fail("cache map agrees with hashes", f"empty entry for hash {block_hash!r}")
+            require(same_hash, "cache map agrees with hashes", lambda: f"empty entry for hash {block_hash!r}")
             for block_id, block in same_hash.items():
                 num_entries += 1
-                if not (0 <= block_id < n) or self.blocks[block_id] is not block:
-                    _fail("cache map agrees with hashes", f"entry {block_id} is not pool block {block_id}")
-                if block.block_hash != block_hash:
-                    _fail("cache map agrees with hashes", f"block {block_id} is filed under a hash it does not hold")
+                require(0 <= block_id < n and self.blocks[block_id] is block, "cache map agrees with hashes",
+                        lambda: f"entry {block_id} is not pool block {block_id}")
+                require(block.block_hash == block_hash, "cache map agrees with hashes",
+                        lambda: f"block {block_id} is filed under a hash it does not hold")
         num_hashed = sum(b.block_hash is not None for b in self.blocks)
-        if num_hashed != num_entries:
-            _fail("cache map agrees with hashes", f"{num_hashed} blocks hold a hash, the map has {num_entries} entries")
+        require(num_hashed == num_entries, "cache map agrees with hashes",
+                f"{num_hashed} blocks hold a hash, the map has {num_entries} entries")

@@ -67,7 +67,7 @@ from typing import Callable, Iterable, Sequence
 
 from .block_pool import BlockPool
 from .free_queue import KVCacheBlock
-from .common import InvariantError, cdiv, check_int, check_real
+from .common import InvariantError, cdiv, check_int, check_real, require
 from .hashing import BlockHash
 from .request import Request
 
@@ -519,10 +519,6 @@ class KVCacheManager:
     # ------------------------------------------------------------ invariants
     def check(self) -> None:
         """Verify the pool's invariants and the manager's; raise ``InvariantError`` naming the broken one."""
-
-        def require(ok: bool, name: str, detail: str) -> None:
-            if not ok:
-                raise InvariantError(f"invariant '{name}' broken: {detail}")
 
         pool = self.block_pool
         pool.check()

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ..common import require
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
@@ -432,20 +433,27 @@ class Scheduler:
 
     # ----------------------------------------------------------------- checks
     def check(self) -> None:
-        """The scheduler's invariants plus the manager's ``check()``; AssertionError names the broken one."""
+        """The scheduler's invariants plus the manager's ``check()``; ``InvariantError`` names the broken one."""
         self.kv_cache_manager.check()
         running_ids = [r.request_id for r in self.running]
         waiting_ids = [r.request_id for r in self.waiting]
-        assert len(set(running_ids)) == len(running_ids), f"running has duplicates: {running_ids}"
-        assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
-        assert set(running_ids) | set(waiting_ids) == set(self.requests), \
-            "every unfinished request is running or waiting"
-        assert len(self.running) <= self.max_num_seqs, f"{len(self.running)} running > max_num_seqs"
+        require(len(set(running_ids)) == len(running_ids), "running holds each request once",
+                lambda: f"running is {running_ids}")
+        require(not set(running_ids) & set(waiting_ids), "no request both running and waiting",
+                lambda: f"{sorted(set(running_ids) & set(waiting_ids))}")
+        require(set(running_ids) | set(waiting_ids) == set(self.requests),
+                "every unfinished request is running or waiting",
+                lambda: f"requests {sorted(self.requests)}, running {running_ids}, waiting {waiting_ids}")
+        require(len(self.running) <= self.max_num_seqs, "at most max_num_seqs running",
+                lambda: f"{len(self.running)} running > {self.max_num_seqs}")
         held = set(self.kv_cache_manager.req_to_blocks)
-        assert held == set(running_ids), f"blocks held by {sorted(held)}, running {sorted(running_ids)}"
+        require(held == set(running_ids), "the running requests hold blocks, no others",
+                lambda: f"blocks held by {sorted(held)}, running {sorted(running_ids)}")
         for r in self.running:
-            assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
-            assert 0 < r.num_computed_tokens <= r.num_tokens, f"{r!r}: computed out of range"
+            require(r.status == RequestStatus.RUNNING, "running requests are RUNNING", lambda: f"{r!r}")
+            require(0 < r.num_computed_tokens <= r.num_tokens, "a running request has computed 1..num_tokens",
+                    lambda: f"{r!r}")
         for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is waiting"
-            assert r.num_computed_tokens == 0, f"{r!r} waits with computed tokens"
+            require(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED),
+                    "waiting requests are WAITING or PREEMPTED", lambda: f"{r!r}")
+            require(r.num_computed_tokens == 0, "a waiting request has computed nothing", lambda: f"{r!r}")

@@ -32,7 +32,7 @@ from ..block_table import BlockTable
 from .request import EngineRequest
 from .sampling import gather_logprobs, mask_tokens, sample
 from .scheduler import SchedulerOutput
-from ..common import cdiv
+from ..common import cdiv, require
 
 __all__ = ["Worker"]
 
@@ -223,13 +223,16 @@ class Worker:
 
     # ----------------------------------------------------------------- checks
     def check(self, expected: Mapping[str, list[int]]) -> None:
-        """The table holds exactly ``expected`` (request id -> block ids), rows dense; AssertionError if not."""
+        """The table holds exactly ``expected`` (request id -> block ids), rows dense; ``InvariantError`` if not."""
         self.block_table.check()
-        assert set(self.row_of) == set(self.req_ids) and len(self.req_ids) == len(self.row_of), \
-            "row index agrees with the row list"
-        assert all(self.row_of[r] == i for i, r in enumerate(self.req_ids)), "row index agrees with the row list"
-        assert int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0, "rows past the batch are empty"
+        require(len(self.req_ids) == len(self.row_of)
+                and all(self.row_of.get(r) == i for i, r in enumerate(self.req_ids)),
+                "row index agrees with the row list", lambda: f"rows {self.req_ids}, index {self.row_of}")
+        require(int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0,
+                "rows past the batch are empty", f"{self.num_reqs} rows in use")
         rows = self.rows()
-        assert set(rows) == set(expected), f"table rows {sorted(rows)} != running {sorted(expected)}"
+        require(set(rows) == set(expected), "one row per running request",
+                lambda: f"table rows {sorted(rows)}, running {sorted(expected)}")
         for rid, ids in expected.items():
-            assert rows[rid] == list(ids), f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}"
+            require(rows[rid] == list(ids), "a row holds its request's blocks",
+                    lambda: f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}")
