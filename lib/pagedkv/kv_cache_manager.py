@@ -303,7 +303,8 @@ class KVCacheManager:
         # The watermark holds back an admission (a request with no blocks: vLLM's
         # WAITING or PREEMPTED) only while other requests are scheduled.
         if has_scheduled_reqs is None:
-            has_scheduled_reqs = len(self.req_to_blocks) > (rid in self.req_to_blocks)
+            others = len(self.req_to_blocks) - (1 if rid in self.req_to_blocks else 0)
+            has_scheduled_reqs = others > 0
         watermark = self.watermark_blocks if not req_blocks and has_scheduled_reqs else 0
         if num_to_allocate + num_evictable_hits > self.block_pool.get_num_free_blocks() - watermark:
             return None

@@ -29,7 +29,6 @@ executes and a chapter can print.
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -202,13 +201,6 @@ class SchedulerOutput:
         return "\n".join(lines)
 
 
-def _accepts(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-
-
 class Scheduler:
     """vLLM V1's scheduler over a ``KVCacheManager``: a running list and a waiting queue.
 
@@ -247,8 +239,6 @@ class Scheduler:
         self._finished_since_last_step: list[str] = []
         self._out: SchedulerOutput | None = None  # the step being decided
         self._token_budget = 0
-        # vLLM's watermark applies only when something else is scheduled; pass that if the manager takes it.
-        self._pass_has_scheduled = _accepts(kv_cache_manager.allocate_slots, "has_scheduled_reqs")
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineRequest) -> None:
@@ -366,9 +356,6 @@ class Scheduler:
             self._token_budget -= num_new_tokens
             req_index += 1
 
-    def _allocate_kwargs(self) -> dict:
-        return {"has_scheduled_reqs": bool(self.running)} if self._pass_has_scheduled else {}
-
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         manager = self.kv_cache_manager
         while self.waiting and self._token_budget > 0:
@@ -380,8 +367,9 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
                 break  # the whole prompt must fit this step: it waits
             num_new_tokens = min(num_new_tokens, self._token_budget)
+            # vLLM's watermark applies only when other requests are scheduled.
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit, hit_blocks,
-                                                **self._allocate_kwargs())
+                                                has_scheduled_reqs=bool(self.running))
             if new_blocks is None:
                 break  # first come, first served: nobody overtakes the front
             self.waiting.popleft()
