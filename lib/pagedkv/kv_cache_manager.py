@@ -63,7 +63,7 @@ reuse).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from .block_pool import BlockPool
 from .free_queue import KVCacheBlock
@@ -101,25 +101,19 @@ class KVCacheManager:
             As in vLLM, it applies only while other requests are scheduled
             (see ``allocate_slots``'s ``has_scheduled_reqs``): a request that
             fits the whole pool may run alone.
-        redirect_partial_hit: the copy-on-write step of a partial prefix hit,
-            ``fn(manager, req_blocks, block_idx, cow_block) -> None``: point
-            ``req_blocks[block_idx]`` (shared, partly valid) at the fresh
-            ``cow_block``, take the pending copy's reference on it and record
-            the copy. Default (``None``): the manager's own. A replacement must
-            leave exactly the state the default leaves (``check()`` verifies
-            it); exercise 6 writes one, and its checker installs it here. Also
-            the public attribute of that name, which may be set later.
 
-    Public attributes (read-only but for ``redirect_partial_hit``) include
-    ``block_pool``, ``block_size``, ``req_to_blocks`` (request id -> block
-    table) and ``watermark_blocks``, ``int(watermark * num_blocks)``.
+    Public attributes (read-only) include ``block_pool``, ``block_size``,
+    ``req_to_blocks`` (request id -> block table) and ``watermark_blocks``,
+    ``int(watermark * num_blocks)``.
 
     Extension points, through which exercises 3 and 6 plug in a learner's
-    functions: the class attribute ``block_pool_class``, the ``BlockPool``
-    (sub)class the pool is built from (its ``free_blocks``/``touch`` are the
-    ones the manager calls); ``release_blocks``, the step of ``free`` that
-    returns a table to the pool; ``get_computed_blocks`` and
-    ``allocate_slots``, which a subclass may override; ``redirect_partial_hit``.
+    functions, all by subclassing: the class attribute ``block_pool_class``,
+    the ``BlockPool`` (sub)class the pool is built from (its
+    ``free_blocks``/``touch`` are the ones the manager calls); and the
+    methods ``release_blocks`` (the step of ``free`` that returns a table to
+    the pool), ``redirect_partial_hit`` (the copy-on-write step of a partial
+    hit), ``get_computed_blocks`` and ``allocate_slots``. An override must
+    leave exactly the state the library's leaves; ``check()`` verifies it.
 
     Request ids are the keys of every per-request table, so they must be unique
     among live requests: a *different* ``Request`` object with the id of one
@@ -131,8 +125,7 @@ class KVCacheManager:
     block_pool_class: type[BlockPool] = BlockPool
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_block_size: int | None = None, watermark: float = 0.0,
-                 redirect_partial_hit: Callable[..., None] | None = None):
+                 hash_block_size: int | None = None, watermark: float = 0.0):
         self.block_size = check_int(block_size, "block_size", 1)
         hash_block_size = self.block_size if hash_block_size is None else check_int(hash_block_size, "hash_block_size", 1)
         if self.block_size % hash_block_size:
@@ -146,10 +139,6 @@ class KVCacheManager:
         self.hash_block_size = hash_block_size
         self.hashes_per_block = self.block_size // hash_block_size
         self.watermark_blocks = int(watermark * num_blocks)
-        if redirect_partial_hit is not None and not callable(redirect_partial_hit):
-            raise TypeError(f"redirect_partial_hit must be callable or None, got "
-                            f"{type(redirect_partial_hit).__name__} {redirect_partial_hit!r}")
-        self.redirect_partial_hit = redirect_partial_hit
         # request id -> its blocks in logical order (the scheduler-side block table).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request id -> the Request object that holds those blocks (same keys as req_to_blocks).
@@ -319,12 +308,8 @@ class KVCacheManager:
             self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
             self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
             new_blocks = self._get_new_blocks(num_to_allocate)
-            if partial_hit:
-                cow = new_blocks[0]
-                if self.redirect_partial_hit is None:
-                    self._apply_cow(req_blocks, len(hit) - 1, cow)
-                else:
-                    self.redirect_partial_hit(self, req_blocks, len(hit) - 1, cow)
+            if partial_hit:  # the last hit block is shared and partly valid: a private copy
+                self.redirect_partial_hit(req_blocks, len(hit) - 1, new_blocks[0])
             req_blocks.extend(new_blocks[partial_hit:])
 
             if self.enable_caching:
@@ -386,8 +371,10 @@ class KVCacheManager:
                 del self.partial_hash_to_block[block_hash]
         return blocks
 
-    def _apply_cow(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
-        """Redirect a partially valid shared block to a private copy (the one non-append table write).
+    def redirect_partial_hit(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
+        """Point ``req_blocks[block_idx]`` (shared, partly valid) at the fresh private ``cow`` block.
+
+        Copy-on-write of a partial prefix hit, the one non-append table write.
 
         ``source`` keeps the reference its prefix hit took; ``cow`` takes one more
         beyond the request's own. Both are released by ``acknowledge_copies``.
