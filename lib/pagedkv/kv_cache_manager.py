@@ -205,16 +205,23 @@ class KVCacheManager:
                 break
             blocks.append(block)
         num_tokens = len(blocks) * B
-        # A finer match unit can extend the hit into the next block: longest entry first.
-        base = len(blocks) * r
+        partial = self._partial_hit(request, len(blocks))
+        if partial is not None:
+            blocks.append(partial[0])
+            num_tokens += partial[1]
+        return blocks, num_tokens
+
+    def _partial_hit(self, request: Request, num_full: int) -> tuple[KVCacheBlock, int] | None:
+        """How a finer match unit extends a hit of ``num_full`` blocks into the next: the longest
+        partial entry, as ``(block, valid tokens)``, or None."""
+        r, B, h = self.hashes_per_block, self.block_size, self.hash_block_size
+        hashes, base = request.block_hashes, num_full * r
         for k in range(r - 1, 0, -1):
-            if num_tokens + k * h <= max_hit and base + k - 1 < len(hashes):
+            if num_full * B + k * h <= request.num_tokens - 1 and base + k - 1 < len(hashes):
                 entry = self.partial_hash_to_block.get(hashes[base + k - 1])
                 if entry is not None:
-                    blocks.append(entry[0])
-                    num_tokens += k * h
-                    break
-        return blocks, num_tokens
+                    return entry[0], k * h
+        return None
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a new request: ``(blocks, num_computed_tokens)``.
@@ -354,15 +361,31 @@ class KVCacheManager:
         self._record_partial_entries(request)
 
     def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
-        """A hit must still be what ``get_computed_blocks`` would say now (nothing evicted in between)."""
-        expected, expected_tokens = self._find_hit(request) if self.enable_caching else ([], 0)
-        if expected_tokens < num_tokens or any(a is not b for a, b in zip(hit, expected[:len(hit)])) \
-                or num_tokens % self.hash_block_size:
+        """A hit must still be what ``get_computed_blocks`` says now (nothing evicted in between).
+
+        Checked block by block, without a second lookup: full block ``i`` is
+        the block cached under this request's hash of its first ``i + 1``
+        blocks; a last, partial block is the longest partial entry past them
+        (a partial hit is used whole, and only while no longer hit exists).
+        """
+        r, B = self.hashes_per_block, self.block_size
+        num_full, hashes = num_tokens // B, request.block_hashes
+        cached = self.block_pool.get_cached_block
+        ok = (self.enable_caching and num_tokens % self.hash_block_size == 0 and num_tokens < request.num_tokens
+              and all(cached(hashes[(i + 1) * r - 1]) is hit[i] for i in range(num_full)))
+        partial = self._partial_hit(request, num_full) if ok and num_tokens % B else None
+        if num_tokens % B and (partial is None or partial[0] is not hit[-1]):
+            ok = False
+        if not ok:
             raise ValueError(f"stale or foreign prefix hit for request {request.request_id!r}: "
                              f"blocks {[b.block_id for b in hit]} with {num_tokens} tokens are not cached for it")
-        if num_tokens % self.block_size and (expected_tokens != num_tokens):
-            raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
-                             f"{expected_tokens} tokens, not {num_tokens}")
+        if partial is not None:
+            longest = num_full * B + partial[1]
+            if (num_full + 1) * B < request.num_tokens and cached(hashes[(num_full + 1) * r - 1]) is not None:
+                longest = self._find_hit(request)[1]  # the block has filled since: a longer hit
+            if longest != num_tokens:
+                raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
+                                 f"{longest} tokens, not {num_tokens}")
 
     def _get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         blocks = self.block_pool.get_new_blocks(n)
