@@ -34,14 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
-from .common import InvariantError, check_int, require
+from .common import check_int, require
+from .hashing import BlockHash  # re-exported: the pool's blocks carry it
 
 __all__ = ["BlockHash", "KVCacheBlock", "FreeKVCacheBlockQueue"]
-
-#: What a block hash may be: SHA-256 bytes from ``pagedkv.hashing``, or an int.
-BlockHash = Union[bytes, int]
 
 
 @dataclass(slots=True, eq=False)

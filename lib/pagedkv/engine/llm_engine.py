@@ -19,7 +19,6 @@ trace recorder of ``pagedkv.views`` attach.
 from __future__ import annotations
 
 import itertools
-import numbers
 import random
 import time
 from functools import partial
@@ -28,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..common import check_bool, check_int
+from ..hashing import check_token_ids
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
 from .parallel_sampling import ParentRequest, child_request_ids
@@ -119,13 +119,7 @@ class LLMEngine:
             prompt = prompt.tolist()
         if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
             raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
-        vocab = self.model.config.vocab_size
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise TypeError(f"prompt[{i}] = {t!r} is not an integer token id")
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt[{i}] = {t} is not a token id of the model (0..{vocab - 1})")
-        return [int(t) for t in prompt]
+        return check_token_ids(prompt, "prompt", self.model.config.vocab_size)
 
     def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False,
                     sampling_params: SamplingParams | None = None) -> None:
