@@ -34,8 +34,10 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   kernel only the scheduled rows of the block table (vLLM passes every row).
 - An aborted request's final output (``finish_reason="abort"``) arrives with
   the next ``step()``.
-- ``LLMEngine.add_request`` without ``SamplingParams`` is greedy (vLLM's
-  default temperature is 1.0; ``SamplingParams()`` here has it too).
+- ``LLMEngine.add_request`` and ``LLMEngine.generate`` without
+  ``SamplingParams`` are greedy, so that token-id runs are deterministic
+  (vLLM's default temperature is 1.0; ``SamplingParams()`` and
+  ``LLM.generate``'s default here have it too).
 - Sampling noise is a hash of (seed, tokens generated so far, token id), not
   a generator's stream, so a seeded output does not depend on its batch.
 - A request that cannot be admitted even into an empty batch raises
