@@ -56,7 +56,7 @@ from .llm_engine import LLMEngine
 from .parallel_sampling import ParentRequest
 from .request import CompletionOutput, EngineRequest, Logprob, RequestOutput, RequestStatus
 from .sampling import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
+from .scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
 from .stats import EngineStats
 from .worker import Worker
@@ -64,6 +64,6 @@ from .worker import Worker
 __all__ = [
     "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLM", "LLMEngine", "SamplingParams", "EngineRequest",
     "RequestOutput", "CompletionOutput", "Logprob", "ParentRequest",
-    "RequestStatus", "Scheduler", "SchedulerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
+    "RequestStatus", "Scheduler", "SchedulerOutput", "ModelRunnerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
     "EngineStats", "Worker",
 ]

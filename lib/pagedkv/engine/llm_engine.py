@@ -260,17 +260,13 @@ class LLMEngine:
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
                 f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "
                 f"{self.kv_cache_manager.watermark_blocks} blocks. Lower the watermark or enlarge the pool.")
-        sampled = self.worker.execute_model(out, self.scheduler.requests)
+        model_runner_output = self.worker.execute_model(out, self.scheduler.requests)
         if out.cow_pairs:  # the step has run: the copies' extra references can go
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
-        num_prompt_tokens = self._prompt_tokens(out)
-        progressed = self.scheduler.update_from_output(out, sampled)
-        finished = [r.request_id for r in progressed if r.status.is_finished]
-        self.worker.remove_requests(finished)
-        decode = None if self.tokenizer is None else self._decode_token
-        for r in progressed:  # the sampled tokens' logprobs, for the requests that asked
-            if r.request_id in self.worker.last_logprobs:
-                r.append_logprobs(r.output_token_ids[-1], *self.worker.last_logprobs[r.request_id], decode)
+        num_prompt_tokens = self._prompt_tokens(out)  # before finished requests leave scheduler.requests
+        progressed = self.scheduler.update_from_output(
+            out, model_runner_output, None if self.tokenizer is None else self._decode_token)
+        self.worker.remove_requests([r.request_id for r in progressed if r.status.is_finished])
         outputs.extend(self._gather([self._output(r, [r.output_token_ids[-1]]) for r in progressed]))
         self._stats.record_step(num_prompt_tokens, len(progressed), len(out.preempted_req_ids),
                                 time.perf_counter() - t0)

@@ -38,7 +38,7 @@ from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
 
-__all__ = ["SchedulerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
+__all__ = ["SchedulerOutput", "ModelRunnerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
            "AllocateWithPreemption"]
 
 #: ``(scheduler, request, num_new_tokens) -> new blocks, or None``: see ``preempt_last_running``.
@@ -112,6 +112,22 @@ class WaitingQueue:
 
     def __repr__(self) -> str:
         return f"WaitingQueue({list(self._q)})"
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the worker hands back after a step (vLLM's name), applied by ``Scheduler.update_from_output``.
+
+    Attributes:
+        sampled_token_ids: request id -> the token sampled for it, for each
+            request whose prompt (or recomputation) is complete after the step.
+        logprobs: request id -> ``(logprob, rank, [(token id, logprob), ...top k])``
+            of its sampled token, taken from the raw logits (before the
+            ``min_tokens`` mask), for the requests that asked for logprobs.
+    """
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, tuple[float, int, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -389,27 +405,29 @@ class Scheduler:
             self._token_budget -= num_new_tokens
 
     # ----------------------------------------------------------------- update
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled_token_ids: dict[str, int]) -> list[EngineRequest]:
-        """Apply a step's results: advance progress, append sampled tokens, finish requests.
+    def update_from_output(self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,
+                           decode_token: Callable[[int], str] | None = None) -> list[EngineRequest]:
+        """Apply a step's results: advance progress, append sampled tokens and logprobs, finish requests.
 
-        ``sampled_token_ids`` holds one token for each request whose prompt
-        (or recomputation) is complete after this step. Returns the requests
-        that got a token, in scheduling order; finished ones have a finished
-        status, their blocks freed and they left ``running``.
+        Returns the requests that got a token, in scheduling order; finished
+        ones have a finished status, their blocks freed and they left
+        ``running``. ``decode_token`` gives a logprob entry its token's text.
         """
         progressed: list[EngineRequest] = []
         finished: set[int] = set()
+        sampled, logprobs = model_runner_output.sampled_token_ids, model_runner_output.logprobs
         for rid, n in out.num_scheduled_tokens.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
-            token = sampled_token_ids.get(rid)
+            token = sampled.get(rid)
             if token is None:
                 continue
             if request.num_computed_tokens != request.num_tokens:
                 raise RuntimeError(f"request {rid!r} got a token before its {request.num_tokens} tokens "
                                    f"were computed ({request.num_computed_tokens})")
             request.append_output_token_ids(token)
+            if rid in logprobs:
+                request.append_logprobs(token, *logprobs[rid], decode_token)
             progressed.append(request)
             if request.check_stop(self.max_model_len):
                 self.kv_cache_manager.free(request)

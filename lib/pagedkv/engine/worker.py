@@ -18,7 +18,8 @@ Per step, from the scheduler's decisions:
    (argmax alone when every row is greedy). A request in the middle of a
    chunked prefill gets no token. Rows short of their ``min_tokens`` get their
    stop tokens masked first; rows that asked for ``logprobs`` get them from
-   the raw logits (``last_logprobs``), the others cost nothing extra.
+   the raw logits, the others cost nothing extra. The step's tokens and
+   logprobs go back as one ``ModelRunnerOutput``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from ..block_table import BlockTable
 from .request import EngineRequest
 from .sampling import gather_logprobs, mask_tokens, sample
-from .scheduler import SchedulerOutput
+from .scheduler import ModelRunnerOutput, SchedulerOutput
 from ..common import cdiv, require
 
 __all__ = ["Worker"]
@@ -58,9 +59,6 @@ class Worker:
         self.kernel_backend = kernel_backend
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.last_metadata = None  # the AttentionMetadata of the latest step
-        # {request id: (logprob, rank, [(token id, logprob), ...top k])} of the latest step's sampled
-        # tokens, for the requests that asked for logprobs (the engine moves them onto the requests).
-        self.last_logprobs: dict[str, tuple[float, int, list[tuple[int, float]]]] = {}
         self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
@@ -110,14 +108,13 @@ class Worker:
 
     # ----------------------------------------------------------------- a step
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> dict[str, int]:
-        """Run one step; return ``{request id: sampled token}`` for requests that complete a prompt or decode."""
+    def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> ModelRunnerOutput:
+        """Run one step; the tokens sampled for requests that complete a prompt or decode, and their logprobs."""
         from ..model import AttentionMetadata
 
         self._update_rows(out)
-        self.last_logprobs = {}
         if out.is_empty:
-            return {}
+            return ModelRunnerOutput()
         self.block_table.commit(self.num_reqs)
         if out.cow_pairs:  # before anything reads the cache
             self._copy_blocks(self.kv_caches, out.cow_pairs)
@@ -164,7 +161,7 @@ class Worker:
         # Sample only where the whole sequence is now computed (the last token's logits are the next token's).
         done = [i for i, rid in enumerate(sched) if starts[i] + q_lens[i] == requests[rid].num_tokens]
         if not done:
-            return {}
+            return ModelRunnerOutput()
         last = torch.from_numpy(cu[1:][done] - 1).to(dev)
         logits = self.model.compute_logits(hidden.index_select(0, last))
         reqs = [requests[sched[i]] for i in done]
@@ -173,9 +170,8 @@ class Worker:
         raw = logits.index_select(0, torch.tensor(want, device=dev)) if want else None
         self._mask_min_tokens(logits, reqs)
         sampled = self._sample(logits, reqs)
-        if want:
-            self._record_logprobs(raw, sampled, [reqs[i] for i in want], want)
-        return {sched[i]: t for i, t in zip(done, sampled.tolist())}
+        logprobs = self._logprobs(raw, sampled, [reqs[i] for i in want], want) if want else {}
+        return ModelRunnerOutput({sched[i]: t for i, t in zip(done, sampled.tolist())}, logprobs)
 
     @staticmethod
     def _mask_min_tokens(logits: torch.Tensor, reqs: list[EngineRequest]) -> None:
@@ -192,8 +188,9 @@ class Worker:
                 ids += stop
         mask_tokens(logits, rows, ids)
 
-    def _record_logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
-                         rows: list[int]) -> None:
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
+                  rows: list[int]) -> dict[str, tuple[float, int, list[tuple[int, float]]]]:
         """Logprobs for the rows that asked: one ``log_softmax`` and one ``topk`` (the largest k asked)."""
         vocab = raw.shape[-1]
         ks = [vocab if r.sampling_params.logprobs == -1 else min(r.sampling_params.logprobs, vocab)
@@ -201,8 +198,8 @@ class Worker:
         rows_t = torch.tensor(rows, device=raw.device)
         lp, rank, top, top_ids = gather_logprobs(raw, max(ks), sampled.index_select(0, rows_t))
         lp, rank, top, top_ids = lp.tolist(), rank.tolist(), top.tolist(), top_ids.tolist()
-        for j, (r, k) in enumerate(zip(reqs, ks)):
-            self.last_logprobs[r.request_id] = (lp[j], rank[j], list(zip(top_ids[j][:k], top[j][:k])))
+        return {r.request_id: (lp[j], rank[j], list(zip(top_ids[j][:k], top[j][:k])))
+                for j, (r, k) in enumerate(zip(reqs, ks))}
 
     def _sample(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
         """One token per row: the parameters go to the device as ``[batch]`` tensors, one op chain samples."""
