@@ -153,8 +153,6 @@ class BlockPool(EventSource):
         evicted = None  # block ids whose cache entry dies here; rarely any
         for block in ret:
             block.ref_cnt = 1  # was 0, as for every queued block
-            # (The hot loops read the hash's slot directly: the property costs
-            # a function call per block.)
             if block._block_hash is not None:
                 self._evict_cached_block(block)
                 if evicted is None:
@@ -230,10 +228,10 @@ class BlockPool(EventSource):
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         pool_blocks, caching, queue = self.blocks, self.enable_caching, self.free_block_queue
         # One pass: decrement, and chain the blocks reaching zero into two
-        # private runs (unhashed for the head, hashed for the tail). This is
-        # queue.prepend_n/append_n fused with the counting: calling them walks
-        # each batch twice, 15-20 % of the pool's throughput (bench
-        # block_pool). The null block's ref_cnt is 0: the first test refuses it.
+        # private runs (unhashed for the head, hashed for the tail): the
+        # queue's prepend_n/append_n fused with the counting (why: the notes of
+        # pagedkv.bench.block_pool). The null block's ref_cnt is 0: the first
+        # test refuses it.
         head_first = head_last = tail_first = tail_last = None
         num_queued = 0
         remaining = iter(blocks)
@@ -263,7 +261,7 @@ class BlockPool(EventSource):
         except Exception:  # a bad block (or no block at all); the iterator stopped just past it
             raise self._undo_free(blocks, len(blocks) - len(list(remaining)) - 1) from None
         # Only now, with the whole batch valid, do the runs enter the queue
-        # (each line links a pair both ways; a helper call would cost ~4 %).
+        # (each line links a pair both ways).
         if head_first is not None:  # head_first becomes the head: reused next
             head = queue.fake_free_list_head
             old_first = head.next_free_block

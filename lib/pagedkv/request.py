@@ -56,6 +56,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        """True once ``max_tokens`` tokens were generated, a plain ``Request``'s only end
+        (an ``EngineRequest`` also stops on EOS and stop rules: see its ``is_finished``)."""
         return self.num_output_tokens >= self.max_tokens
 
     def bind_hash_block_size(self, hash_block_size: int) -> None:

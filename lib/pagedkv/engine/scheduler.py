@@ -1,7 +1,7 @@
 """The scheduler: which requests compute how many tokens this step, and who is preempted.
 
 This is vLLM V1's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``)
-for a greedy, single-GPU, text-only engine. There is no prefill phase and no
+for a synchronous, single-GPU, text-only engine. There is no prefill phase and no
 decode phase: every request has ``num_tokens`` and ``num_computed_tokens``,
 and a step hands each request some tokens so the second catches up with the
 first. A prompt is one long catch-up (split across steps by chunked prefill),
@@ -356,7 +356,7 @@ class Scheduler:
             request = self.running[req_index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, self._token_budget,
                                  self.max_model_len - request.num_computed_tokens)
-            if num_new_tokens <= 0:  # nothing to compute (cannot happen for a synchronous greedy engine)
+            if num_new_tokens <= 0:  # nothing to compute (cannot happen in a synchronous engine)
                 req_index += 1
                 continue
             num_preempted = len(out.preempted_req_ids)
