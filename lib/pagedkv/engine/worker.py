@@ -48,7 +48,9 @@ class Worker:
         block_size: tokens per block.
         max_num_reqs: rows of the block table (``max_num_seqs``).
         max_model_len: sizes the table's columns, ``cdiv(max_model_len, block_size)``.
-        kernel_backend: ``"triton"`` or ``"torch"``.
+        kernel_backend: ``"triton"``, ``"torch"`` or ``"torch-ref"``, parsed
+            once into the ``attention_backend`` the model attends with and the
+            worker computes slots and copies blocks with.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
@@ -56,17 +58,23 @@ class Worker:
         self.model = model
         self.device = model.device
         self.block_size = block_size
-        self.kernel_backend = kernel_backend
+        self.kernel_backend = kernel_backend  # sets attention_backend (see the property)
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.last_metadata = None  # the AttentionMetadata of the latest step
         self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
-        if kernel_backend == "triton":
-            from ..kernels import copy_blocks
-        else:
-            from ..kernels import copy_blocks_ref as copy_blocks
-        self._copy_blocks = copy_blocks
+
+    @property
+    def kernel_backend(self) -> str:
+        """The backend's name; setting a name chooses the backend anew."""
+        return self.attention_backend.name
+
+    @kernel_backend.setter
+    def kernel_backend(self, name: str) -> None:
+        from ..model.paged_attention import attention_backend  # pagedkv.model is loaded with the model
+
+        self.attention_backend = attention_backend(name)
 
     # ------------------------------------------------------------------- rows
     @property
@@ -116,8 +124,9 @@ class Worker:
         if out.is_empty:
             return ModelRunnerOutput()
         self.block_table.commit(self.num_reqs)
+        backend = self.attention_backend
         if out.cow_pairs:  # before anything reads the cache
-            self._copy_blocks(self.kv_caches, out.cow_pairs)
+            backend.copy_blocks(self.kv_caches, out.cow_pairs)
 
         # Requests in row order, so the table's first rows can be passed without a copy.
         sched = sorted(out.num_scheduled_tokens, key=self.row_of.__getitem__)
@@ -134,13 +143,8 @@ class Worker:
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens)
         req_indices = np.repeat(rows, q_lens)
 
-        if self.kernel_backend == "triton":
-            slot_mapping = self.block_table.compute_slot_mapping(req_indices, positions, self.block_size)
-        else:
-            from ..kernels import compute_slot_mapping_ref
-
-            slot_mapping = compute_slot_mapping_ref(self.block_table.get_device_tensor(self.num_reqs),
-                                                    req_indices, positions, self.block_size)
+        slot_mapping = backend.slot_mapping(self.block_table, self.num_reqs, req_indices, positions,
+                                            self.block_size)
         if np.array_equal(rows, np.arange(len(sched))):
             table = self.block_table.get_device_tensor(len(sched))
         else:  # some running requests sit this step out: gather the scheduled rows
@@ -156,7 +160,7 @@ class Worker:
         self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
         hidden = self.model.forward(input_ids, torch.from_numpy(positions).to(dev), self.kv_caches, meta,
-                                    kernel_backend=self.kernel_backend)
+                                    kernel_backend=backend)
 
         # Sample only where the whole sequence is now computed (the last token's logits are the next token's).
         done = [i for i, rid in enumerate(sched) if starts[i] + q_lens[i] == requests[rid].num_tokens]
