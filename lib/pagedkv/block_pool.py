@@ -226,40 +226,40 @@ class BlockPool(EventSource):
         """
         # A list, so that bad input can be refused with nothing changed.
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        self._check_free(blocks)  # each one a held block of this pool (over-listing is caught below)
-        caching, queue = self.enable_caching, self.free_block_queue
+        pool_blocks, caching, queue = self.blocks, self.enable_caching, self.free_block_queue
         # One pass: decrement, and chain the blocks reaching zero into two
         # private runs (unhashed for the head, hashed for the tail): the
         # queue's prepend_n/append_n fused with the counting (why: the notes of
-        # pagedkv.bench.block_pool).
+        # pagedkv.bench.block_pool). The null block's ref_cnt is 0: the first
+        # test refuses it.
         head_first = head_last = tail_first = tail_last = None
-        num_queued, over_listed = 0, False
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                num_queued += 1
-                block._free_queue = queue  # it will be linked into this queue
-                if block._block_hash is None or not caching:
-                    if head_last is None:
-                        head_first = block
+        num_queued = 0
+        remaining = iter(blocks)
+        try:
+            for block in remaining:
+                ref_cnt = block.ref_cnt - 1
+                if ref_cnt < 0 or pool_blocks[block.block_id] is not block:
+                    raise LookupError
+                block.ref_cnt = ref_cnt
+                if ref_cnt == 0:
+                    num_queued += 1
+                    block._free_queue = queue  # it will be linked into this queue
+                    if block._block_hash is None or not caching:
+                        if head_last is None:
+                            head_first = block
+                        else:
+                            head_last.next_free_block = block
+                            block.prev_free_block = head_last
+                        head_last = block
                     else:
-                        head_last.next_free_block = block
-                        block.prev_free_block = head_last
-                    head_last = block
-                else:
-                    if tail_last is None:
-                        tail_first = block
-                    else:
-                        tail_last.next_free_block = block
-                        block.prev_free_block = tail_last
-                    tail_last = block
-            elif block.ref_cnt < 0:  # listed more often than it is held
-                over_listed = True
-        if over_listed:  # every count back, the private runs unlinked, then the refusal
-            for block in blocks:
-                block.ref_cnt += 1
-                block.prev_free_block = block.next_free_block = None
-            raise self._refusal(blocks)
+                        if tail_last is None:
+                            tail_first = block
+                        else:
+                            tail_last.next_free_block = block
+                            block.prev_free_block = tail_last
+                        tail_last = block
+        except Exception:  # a bad block (or no block at all); the iterator stopped just past it
+            raise self._undo_free(blocks, len(blocks) - len(list(remaining)) - 1) from None
         # Only now, with the whole batch valid, do the runs enter the queue
         # (each line links a pair both ways).
         if head_first is not None:  # head_first becomes the head: reused next
@@ -277,34 +277,20 @@ class BlockPool(EventSource):
             self._emit(PoolEvent("free", tuple([b.block_id for b in blocks]),
                                  _run_ids(head_first, head_last), _run_ids(tail_first, tail_last)))
 
-    def _check_free(self, blocks: list) -> None:
-        """Refuse the batch unless each block is a held block of this pool (never the null block)."""
-        pool_blocks = self.blocks
-        try:
-            for block in blocks:
-                if pool_blocks[block.block_id] is not block or block.ref_cnt < 1:
-                    raise self._refusal(blocks)
-        except (AttributeError, TypeError, IndexError):  # not a block, or an id no block of ours has
-            raise self._refusal(blocks) from None
-
-    def _refusal(self, blocks: list) -> Exception:
-        """Why ``free_blocks(blocks)`` is refused: the first bad block, in order."""
-        left: dict[int, int] = {}  # block id -> references the batch has not yet released
-        for block in blocks:
-            if not isinstance(block, KVCacheBlock) or block.is_null or not self.owns(block):
-                return self._bad_free(block, 0)
-            held = left.get(block.block_id, block.ref_cnt)
-            if held < 1:
-                return self._bad_free(block, held)
-            left[block.block_id] = held - 1
-        return AssertionError(f"free_blocks refused a valid batch {blocks!r}")
+    def _undo_free(self, blocks: list[KVCacheBlock], bad: int) -> Exception:
+        """Put back what ``free_blocks`` did to ``blocks[:bad]``; the error that ``blocks[bad]`` deserves."""
+        error = self._bad_free(blocks[bad])  # describe it before undoing
+        for block in blocks[:bad]:  # references back, private runs unlinked
+            block.ref_cnt += 1
+            block.prev_free_block = block.next_free_block = None
+        return error
 
     def owns(self, block: KVCacheBlock) -> bool:
         """True when ``block`` is one of this pool's blocks (not a look-alike from another pool)."""
         block_id = block.block_id
         return type(block_id) is int and 0 <= block_id < self.num_gpu_blocks and self.blocks[block_id] is block
 
-    def _bad_free(self, block: KVCacheBlock, held: int) -> Exception:
+    def _bad_free(self, block: KVCacheBlock) -> Exception:
         if not isinstance(block, KVCacheBlock):
             return TypeError(f"free_blocks expects KVCacheBlock, got {type(block).__name__} {block!r}")
         if block.is_null:
@@ -312,7 +298,7 @@ class BlockPool(EventSource):
         if not self.owns(block):
             return ValueError(f"block {block.block_id} does not belong to this pool")
         return ValueError(
-            f"cannot free block {block.block_id}: its ref_cnt is already {held} "
+            f"cannot free block {block.block_id}: its ref_cnt is already {block.ref_cnt} "
             "(freed twice, or listed more times than it is held)"
         )
 
