@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .common import InvariantError, check_int
+from .common import InvariantError, check_int, require
 from .free_queue import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 from .pool_events import EventSource, ListenerWarning, PoolEvent
 
@@ -98,10 +98,6 @@ def _run_ids(first: KVCacheBlock | None, last: KVCacheBlock | None) -> tuple[int
             break
         block = block.next_free_block
     return tuple(ids)
-
-
-def _fail(name: str, detail: str) -> None:
-    raise InvariantError(f"invariant '{name}' broken: {detail}")
 
 
 class BlockPool(EventSource):
@@ -148,16 +144,15 @@ class BlockPool(EventSource):
         tenant is evicted: its prefix-cache entry dies here, at reuse, not when
         it was freed.
         """
-        try:
-            ret = self.free_block_queue.popleft_n(num_blocks)  # it checks num_blocks, and changes nothing if bad
-        except (TypeError, ValueError):
-            raise self._bad_get(num_blocks) from None  # the same refusal, in this method's words
+        num_blocks = check_int(num_blocks, "num_blocks", 0)
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"cannot get num_blocks={num_blocks} new blocks: only "
+                             f"{self.free_block_queue.num_free_blocks} are free")
+        ret = self.free_block_queue.popleft_n(num_blocks)
         # Each block's own work: a reference, and a stale cache entry dropped.
         evicted = None  # block ids whose cache entry dies here; rarely any
         for block in ret:
             block.ref_cnt = 1  # was 0, as for every queued block
-            # (The hot loops read the hash's slot directly: the property costs
-            # a function call per block.)
             if block._block_hash is not None:
                 self._evict_cached_block(block)
                 if evicted is None:
@@ -168,16 +163,6 @@ class BlockPool(EventSource):
                 self._emit(PoolEvent("evict", tuple(evicted)))
             self._emit(PoolEvent("allocate", tuple([b.block_id for b in ret])))
         return ret
-
-    def _bad_get(self, num_blocks: object) -> Exception:
-        try:
-            num_blocks = check_int(num_blocks, "num_blocks", 0)
-        except (TypeError, ValueError) as exc:
-            return exc
-        return ValueError(
-            f"cannot get num_blocks={num_blocks} new blocks: only "
-            f"{self.free_block_queue.num_free_blocks} are free"
-        )
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop ``block``'s prefix-cache entry and its hash."""
@@ -243,10 +228,10 @@ class BlockPool(EventSource):
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         pool_blocks, caching, queue = self.blocks, self.enable_caching, self.free_block_queue
         # One pass: decrement, and chain the blocks reaching zero into two
-        # private runs (unhashed for the head, hashed for the tail). This is
-        # queue.prepend_n/append_n fused with the counting: calling them walks
-        # each batch twice, 15-20 % of the pool's throughput (bench
-        # block_pool). The null block's ref_cnt is 0: the first test refuses it.
+        # private runs (unhashed for the head, hashed for the tail): the
+        # queue's prepend_n/append_n fused with the counting (why: the notes of
+        # pagedkv.bench.block_pool). The null block's ref_cnt is 0: the first
+        # test refuses it.
         head_first = head_last = tail_first = tail_last = None
         num_queued = 0
         remaining = iter(blocks)
@@ -276,7 +261,7 @@ class BlockPool(EventSource):
         except Exception:  # a bad block (or no block at all); the iterator stopped just past it
             raise self._undo_free(blocks, len(blocks) - len(list(remaining)) - 1) from None
         # Only now, with the whole batch valid, do the runs enter the queue
-        # (each line links a pair both ways; a helper call would cost ~4 %).
+        # (each line links a pair both ways).
         if head_first is not None:  # head_first becomes the head: reused next
             head = queue.fake_free_list_head
             old_first = head.next_free_block
@@ -480,53 +465,46 @@ class BlockPool(EventSource):
 
     def _check_blocks(self) -> None:
         n = self.num_gpu_blocks
-        if len(self.blocks) != n:
-            _fail("one block per id", f"{len(self.blocks)} blocks for num_gpu_blocks={n}")
+        require(len(self.blocks) == n, "one block per id", f"{len(self.blocks)} blocks for num_gpu_blocks={n}")
         for i, block in enumerate(self.blocks):
-            if block.block_id != i:
-                _fail("one block per id", f"blocks[{i}] has block_id {block.block_id}")
+            require(block.block_id == i, "one block per id", lambda: f"blocks[{i}] has block_id {block.block_id}")
         null = self.null_block
-        if null is not self.blocks[0] or not null.is_null:
-            _fail("null block is block 0", f"null_block is {null!r}")
-        if any(b.is_null for b in self.blocks[1:]):
-            _fail("null block is block 0", "another block is marked is_null")
-        if null.prev_free_block is not None or null.next_free_block is not None:
-            _fail("null block is never free", "block 0 is linked into the free queue")
-        if null.block_hash is not None:
-            _fail("null block is never cached", f"block 0 holds hash {null.block_hash!r}")
+        require(null is self.blocks[0] and null.is_null, "null block is block 0", f"null_block is {null!r}")
+        require(not any(b.is_null for b in self.blocks[1:]), "null block is block 0", "another block is marked is_null")
+        require(null.prev_free_block is None and null.next_free_block is None, "null block is never free",
+                "block 0 is linked into the free queue")
+        require(null.block_hash is None, "null block is never cached", f"block 0 holds hash {null.block_hash!r}")
 
     def _check_free_means_unreferenced(self, queued: list[KVCacheBlock]) -> None:
         """Queued blocks are this pool's, with ref_cnt 0; every other block is held and unlinked."""
         queued_ids = set()
         for block in queued:
-            if not self.owns(block):
-                _fail("queue holds pool blocks", f"foreign block {block!r} in the free queue")
-            if block.ref_cnt != 0:
-                _fail("free <=> ref_cnt == 0", f"queued block {block.block_id} has ref_cnt {block.ref_cnt}")
+            require(self.owns(block), "queue holds pool blocks", lambda: f"foreign block {block!r} in the free queue")
+            require(block.ref_cnt == 0, "free <=> ref_cnt == 0",
+                    lambda: f"queued block {block.block_id} has ref_cnt {block.ref_cnt}")
             queued_ids.add(block.block_id)
         for block in self.blocks[1:]:
             if block.block_id in queued_ids:
                 continue
-            if block.ref_cnt <= 0:
-                _fail("free <=> ref_cnt == 0", f"block {block.block_id} is out of the queue with ref_cnt {block.ref_cnt}")
-            if block.prev_free_block is not None or block.next_free_block is not None:
-                _fail("links consistent", f"block {block.block_id} is out of the queue but still linked")
+            require(block.ref_cnt > 0, "free <=> ref_cnt == 0",
+                    lambda: f"block {block.block_id} is out of the queue with ref_cnt {block.ref_cnt}")
+            require(block.prev_free_block is None and block.next_free_block is None, "links consistent",
+                    lambda: f"block {block.block_id} is out of the queue but still linked")
 
     def _check_prefix_cache(self) -> None:
         """The prefix cache and the blocks' hashes agree, both ways."""
         table = self.cached_block_hash_to_block
-        if not self.enable_caching and (table or any(b.block_hash is not None for b in self.blocks)):
-            _fail("no cache without caching", "a hash is recorded while enable_caching=False")
+        require(self.enable_caching or not (table or any(b.block_hash is not None for b in self.blocks)),
+                "no cache without caching", "a hash is recorded while enable_caching=False")
         n, num_entries = self.num_gpu_blocks, 0
         for block_hash, same_hash in table.items():
-            if not same_hash:
-                _fail("cache map agrees with hashes", f"empty entry for hash {block_hash!r}")
+            require(same_hash, "cache map agrees with hashes", lambda: f"empty entry for hash {block_hash!r}")
             for block_id, block in same_hash.items():
                 num_entries += 1
-                if not (0 <= block_id < n) or self.blocks[block_id] is not block:
-                    _fail("cache map agrees with hashes", f"entry {block_id} is not pool block {block_id}")
-                if block.block_hash != block_hash:
-                    _fail("cache map agrees with hashes", f"block {block_id} is filed under a hash it does not hold")
+                require(0 <= block_id < n and self.blocks[block_id] is block, "cache map agrees with hashes",
+                        lambda: f"entry {block_id} is not pool block {block_id}")
+                require(block.block_hash == block_hash, "cache map agrees with hashes",
+                        lambda: f"block {block_id} is filed under a hash it does not hold")
         num_hashed = sum(b.block_hash is not None for b in self.blocks)
-        if num_hashed != num_entries:
-            _fail("cache map agrees with hashes", f"{num_hashed} blocks hold a hash, the map has {num_entries} entries")
+        require(num_hashed == num_entries, "cache map agrees with hashes",
+                f"{num_hashed} blocks hold a hash, the map has {num_entries} entries")

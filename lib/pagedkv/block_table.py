@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ._device import default_device
-from .common import InvariantError, cdiv, check_int
+from .common import InvariantError, cdiv, check_int, require
 
 __all__ = ["BlockTable"]
 
@@ -257,20 +257,19 @@ class BlockTable:
     def check(self) -> None:
         """Verify the invariants in the module docstring; raise ``InvariantError`` naming the broken one."""
         n = self.num_blocks_per_row
-        if n.min() < 0 or n.max() > self.max_num_blocks_per_req:
-            r = int(np.flatnonzero((n < 0) | (n > self.max_num_blocks_per_req))[0])
-            raise InvariantError(f"invariant 'row length in range' broken: row {r} has length {int(n[r])}")
+        bad_len = (n < 0) | (n > self.max_num_blocks_per_req)
+        require(not bad_len.any(), "row length in range",
+                lambda: f"row {int(np.flatnonzero(bad_len)[0])} has length {int(n[bad_len][0])}")
         cols = np.arange(self.max_num_blocks_per_req)
+
+        def first_cell(mask) -> str:
+            r, c = map(int, np.argwhere(mask)[0])
+            return f"row {r} column {c} holds {int(self.np[r, c])}"
+
         stale = (cols[None, :] >= n[:, None]) & (self.np != 0)
-        if stale.any():
-            r, c = map(int, np.argwhere(stale)[0])
-            raise InvariantError(f"invariant 'cells past a row's length are 0' broken: "
-                                 f"row {r} column {c} holds {int(self.np[r, c])}")
+        require(not stale.any(), "cells past a row's length are 0", lambda: first_cell(stale))
         live = (cols[None, :] < n[:, None]) & (self.np < 0)
-        if live.any():
-            r, c = map(int, np.argwhere(live)[0])
-            raise InvariantError(f"invariant 'live block ids are >= 0' broken: "
-                                 f"row {r} column {c} holds {int(self.np[r, c])}")
+        require(not live.any(), "live block ids are >= 0", lambda: first_cell(live))
 
     def __repr__(self) -> str:
         return (

@@ -22,7 +22,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["InvariantError", "cdiv", "check_int", "check_real", "check_bool"]
+__all__ = ["InvariantError", "require", "cdiv", "check_int", "check_real", "check_bool"]
 
 
 class InvariantError(AssertionError):
@@ -31,6 +31,17 @@ class InvariantError(AssertionError):
     It subclasses ``AssertionError`` so that a test framework reports it as a
     failed check, but it is raised explicitly, so ``python -O`` keeps it.
     """
+
+
+def require(ok, name: str, detail) -> None:
+    """One law of a ``check()``: nothing if ``ok``, else ``InvariantError("invariant '<name>' broken: <detail>")``.
+
+    Every ``check()`` in the core states its invariants this way, never with a
+    bare ``assert``. ``detail`` is a string, or a function returning one when
+    the message is costly or only makes sense once the law is broken.
+    """
+    if not ok:
+        raise InvariantError(f"invariant '{name}' broken: {detail() if callable(detail) else detail}")
 
 
 def cdiv(a: int, b: int) -> int:

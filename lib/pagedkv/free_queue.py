@@ -34,14 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
-from .common import InvariantError, check_int
+from .common import check_int, require
+from .hashing import BlockHash  # re-exported: the pool's blocks carry it
 
 __all__ = ["BlockHash", "KVCacheBlock", "FreeKVCacheBlockQueue"]
-
-#: What a block hash may be: SHA-256 bytes from ``pagedkv.hashing``, or an int.
-BlockHash = Union[bytes, int]
 
 
 @dataclass(slots=True, eq=False)
@@ -268,29 +265,23 @@ class FreeKVCacheBlockQueue:
         reference count, its pool) is the pool's business.
         """
         head, tail = self.fake_free_list_head, self.fake_free_list_tail
-        if head.prev_free_block is not None or tail.next_free_block is not None:
-            _fail("sentinels end the list", "a sentinel has an outer link")
+        require(head.prev_free_block is None and tail.next_free_block is None, "sentinels end the list",
+                "a sentinel has an outer link")
         queued: list[KVCacheBlock] = []
         seen: set[int] = set()
         prev, block = head, head.next_free_block
         while block is not tail:
-            if block is None:
-                _fail("links consistent", f"the list breaks after block {prev.block_id}")
-            if block.prev_free_block is not prev:
-                _fail("links consistent", f"block {block.block_id}.prev is not block {prev.block_id}")
-            if id(block) in seen:
-                _fail("links consistent", f"block {block.block_id} appears twice (a cycle)")
-            if block._free_queue is not self:
-                _fail("queued blocks know their queue", f"block {block.block_id} is not tagged with this queue")
+            require(block is not None, "links consistent", lambda: f"the list breaks after block {prev.block_id}")
+            require(block.prev_free_block is prev, "links consistent",
+                    lambda: f"block {block.block_id}.prev is not block {prev.block_id}")
+            require(id(block) not in seen, "links consistent", lambda: f"block {block.block_id} appears twice (a cycle)")
+            require(block._free_queue is self, "queued blocks know their queue",
+                    lambda: f"block {block.block_id} is not tagged with this queue")
             seen.add(id(block))
             queued.append(block)
             prev, block = block, block.next_free_block
-        if tail.prev_free_block is not prev:
-            _fail("links consistent", "the tail sentinel does not point back at the last block")
-        if len(queued) != self.num_free_blocks:
-            _fail("num_free_blocks counts the queue", f"{len(queued)} queued, counter says {self.num_free_blocks}")
+        require(tail.prev_free_block is prev, "links consistent",
+                "the tail sentinel does not point back at the last block")
+        require(len(queued) == self.num_free_blocks, "num_free_blocks counts the queue",
+                f"{len(queued)} queued, counter says {self.num_free_blocks}")
         return queued
-
-
-def _fail(name: str, detail: str) -> None:
-    raise InvariantError(f"invariant '{name}' broken: {detail}")

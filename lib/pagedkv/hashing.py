@@ -11,13 +11,17 @@ growing, so they cannot be shared.
 
 Public API (stable; other modules build on it):
 
-- ``BlockHash``: the hash type, 32 raw bytes (a SHA-256 digest).
+- ``BlockHash``: the hash type of the whole library: the 32 raw bytes of a
+  SHA-256 digest, as made here, or an int (the pool takes both).
 - ``NONE_HASH``: the parent of every first block. Fixed, not random, so hashes
   (and every output that shows them) are the same in every process and on every
   machine. (vLLM draws it at random unless ``PYTHONHASHSEED`` is set; we choose
   reproducibility.)
 - ``hash_block_tokens(parent_block_hash, curr_block_token_ids, extra_keys=None)``
   -> ``BlockHash``.
+- ``hash_checked_block_tokens(parent, tokens, extra_keys=None)``: the same,
+  without checking its arguments again (a ``Request`` checks its tokens once,
+  on the way in).
 - ``hash_request_tokens(block_size, token_ids, extra_keys=None)`` -> one
   ``BlockHash`` per full block, chained from ``NONE_HASH``.
 - ``short_hash(block_hash, n=6)``: a few hex digits for display.
@@ -34,16 +38,45 @@ import hashlib
 import numbers
 import struct
 from collections.abc import Sequence
-from typing import NewType
+from typing import Union
 
-__all__ = ["BlockHash", "NONE_HASH", "hash_block_tokens", "hash_request_tokens", "short_hash"]
+__all__ = ["BlockHash", "NONE_HASH", "check_token_ids", "hash_block_tokens", "hash_checked_block_tokens",
+           "hash_request_tokens", "short_hash"]
 
-BlockHash = NewType("BlockHash", bytes)
+#: What a block hash may be: the 32 SHA-256 bytes made here, or an int (the pool takes both).
+BlockHash = Union[bytes, int]
 
 #: Parent hash of the first block of every request. A constant, for reproducibility.
-NONE_HASH: BlockHash = BlockHash(hashlib.sha256(b"pagedkv/NONE_HASH/v1").digest())
+NONE_HASH: bytes = hashlib.sha256(b"pagedkv/NONE_HASH/v1").digest()
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_token_ids(token_ids, name: str, vocab_size: int | None = None) -> list[int]:
+    """``token_ids`` as a list of Python ints, or the error naming the first bad one.
+
+    The library's one token validator (requests, hashes, the engine's
+    prompts): each id an integer (never a bool) that fits in 64 bits, as the
+    hashes pack them, and in ``0..vocab_size - 1`` when a vocabulary is given.
+    It lives here, beside the packing, so that this module needs nothing else
+    from the package.
+    """
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {type(token_ids).__name__} {token_ids!r}")
+    try:
+        tokens = list(token_ids)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of int token ids, got {type(token_ids).__name__} "
+                        f"{token_ids!r}") from None
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name}[{i}] = {t!r} is not an integer token id")
+        if vocab_size is not None and not 0 <= t < vocab_size:
+            raise ValueError(f"{name}[{i}] = {t} is not a token id of the model (0..{vocab_size - 1})")
+        if not _INT64_MIN <= t <= _INT64_MAX:
+            raise ValueError(f"{name}[{i}] = {t} does not fit in 64 bits (token ids are int64)")
+    return [int(t) for t in tokens]
+
 
 
 def _encode_key(value: object, out: bytearray) -> None:
@@ -75,14 +108,6 @@ def _encode_key(value: object, out: bytearray) -> None:
         )
 
 
-def _check_token_ids(token_ids: Sequence[int], what: str) -> None:
-    for i, t in enumerate(token_ids):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{what}[{i}] = {t!r} is not an integer token id")
-        if not _INT64_MIN <= t <= _INT64_MAX:
-            raise ValueError(f"{what}[{i}] = {t} does not fit in 64 bits")
-
-
 def hash_block_tokens(
     parent_block_hash: BlockHash | None,
     curr_block_token_ids: Sequence[int],
@@ -94,19 +119,23 @@ def hash_block_tokens(
     The caller passes exactly one block's tokens; this function does not know
     the block size (``hash_request_tokens`` does).
     """
-    if parent_block_hash is None:
-        parent_block_hash = NONE_HASH
-    if not isinstance(parent_block_hash, (bytes, bytearray)) or len(parent_block_hash) != 32:
+    if parent_block_hash is not None and (
+            not isinstance(parent_block_hash, (bytes, bytearray)) or len(parent_block_hash) != 32):
         raise TypeError(
             f"parent_block_hash must be a 32-byte BlockHash or None, got {parent_block_hash!r}"
         )
-    tokens = list(curr_block_token_ids)
-    _check_token_ids(tokens, "curr_block_token_ids")
+    tokens = check_token_ids(curr_block_token_ids, "curr_block_token_ids")
+    return hash_checked_block_tokens(parent_block_hash, tokens, extra_keys)
+
+
+def hash_checked_block_tokens(parent_block_hash: bytes | None, tokens: list[int],
+                              extra_keys: tuple | None = None) -> bytes:
+    """``hash_block_tokens`` for arguments already checked (a ``Request``'s own tokens)."""
     payload = bytearray(b"pagedkv-block/v1")
-    payload += bytes(parent_block_hash)
+    payload += NONE_HASH if parent_block_hash is None else bytes(parent_block_hash)
     payload += struct.pack(f"<I{len(tokens)}q", len(tokens), *tokens)
     _encode_key(extra_keys, payload)
-    return BlockHash(hashlib.sha256(payload).digest())
+    return hashlib.sha256(payload).digest()
 
 
 def hash_request_tokens(
@@ -123,12 +152,11 @@ def hash_request_tokens(
         raise TypeError(f"block_size must be an integer, got {block_size!r}")
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
-    tokens = list(token_ids)
-    _check_token_ids(tokens, "token_ids")  # all of them, before hashing any
+    tokens = check_token_ids(token_ids, "token_ids")  # all of them, before hashing any
     hashes: list[BlockHash] = []
-    parent: BlockHash | None = None
+    parent: bytes | None = None
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, tokens[start : start + block_size], extra_keys)
+        parent = hash_checked_block_tokens(parent, tokens[start : start + block_size], extra_keys)
         hashes.append(parent)
     return hashes
 

@@ -63,11 +63,11 @@ reuse).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from .block_pool import BlockPool
 from .free_queue import KVCacheBlock
-from .common import InvariantError, cdiv, check_int, check_real
+from .common import InvariantError, cdiv, check_int, check_real, require
 from .hashing import BlockHash
 from .request import Request
 
@@ -101,25 +101,19 @@ class KVCacheManager:
             As in vLLM, it applies only while other requests are scheduled
             (see ``allocate_slots``'s ``has_scheduled_reqs``): a request that
             fits the whole pool may run alone.
-        redirect_partial_hit: the copy-on-write step of a partial prefix hit,
-            ``fn(manager, req_blocks, block_idx, cow_block) -> None``: point
-            ``req_blocks[block_idx]`` (shared, partly valid) at the fresh
-            ``cow_block``, take the pending copy's reference on it and record
-            the copy. Default (``None``): the manager's own. A replacement must
-            leave exactly the state the default leaves (``check()`` verifies
-            it); exercise 6 writes one, and its checker installs it here. Also
-            the public attribute of that name, which may be set later.
 
-    Public attributes (read-only but for ``redirect_partial_hit``) include
-    ``block_pool``, ``block_size``, ``req_to_blocks`` (request id -> block
-    table) and ``watermark_blocks``, ``int(watermark * num_blocks)``.
+    Public attributes (read-only) include ``block_pool``, ``block_size``,
+    ``req_to_blocks`` (request id -> block table) and ``watermark_blocks``,
+    ``int(watermark * num_blocks)``.
 
     Extension points, through which exercises 3 and 6 plug in a learner's
-    functions: the class attribute ``block_pool_class``, the ``BlockPool``
-    (sub)class the pool is built from (its ``free_blocks``/``touch`` are the
-    ones the manager calls); ``release_blocks``, the step of ``free`` that
-    returns a table to the pool; ``get_computed_blocks`` and
-    ``allocate_slots``, which a subclass may override; ``redirect_partial_hit``.
+    functions, all by subclassing: the class attribute ``block_pool_class``,
+    the ``BlockPool`` (sub)class the pool is built from (its
+    ``free_blocks``/``touch`` are the ones the manager calls); and the
+    methods ``release_blocks`` (the step of ``free`` that returns a table to
+    the pool), ``redirect_partial_hit`` (the copy-on-write step of a partial
+    hit), ``get_computed_blocks`` and ``allocate_slots``. An override must
+    leave exactly the state the library's leaves; ``check()`` verifies it.
 
     Request ids are the keys of every per-request table, so they must be unique
     among live requests: a *different* ``Request`` object with the id of one
@@ -131,8 +125,7 @@ class KVCacheManager:
     block_pool_class: type[BlockPool] = BlockPool
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_block_size: int | None = None, watermark: float = 0.0,
-                 redirect_partial_hit: Callable[..., None] | None = None):
+                 hash_block_size: int | None = None, watermark: float = 0.0):
         self.block_size = check_int(block_size, "block_size", 1)
         hash_block_size = self.block_size if hash_block_size is None else check_int(hash_block_size, "hash_block_size", 1)
         if self.block_size % hash_block_size:
@@ -146,10 +139,6 @@ class KVCacheManager:
         self.hash_block_size = hash_block_size
         self.hashes_per_block = self.block_size // hash_block_size
         self.watermark_blocks = int(watermark * num_blocks)
-        if redirect_partial_hit is not None and not callable(redirect_partial_hit):
-            raise TypeError(f"redirect_partial_hit must be callable or None, got "
-                            f"{type(redirect_partial_hit).__name__} {redirect_partial_hit!r}")
-        self.redirect_partial_hit = redirect_partial_hit
         # request id -> its blocks in logical order (the scheduler-side block table).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request id -> the Request object that holds those blocks (same keys as req_to_blocks).
@@ -216,16 +205,23 @@ class KVCacheManager:
                 break
             blocks.append(block)
         num_tokens = len(blocks) * B
-        # A finer match unit can extend the hit into the next block: longest entry first.
-        base = len(blocks) * r
+        partial = self._partial_hit(request, len(blocks))
+        if partial is not None:
+            blocks.append(partial[0])
+            num_tokens += partial[1]
+        return blocks, num_tokens
+
+    def _partial_hit(self, request: Request, num_full: int) -> tuple[KVCacheBlock, int] | None:
+        """How a finer match unit extends a hit of ``num_full`` blocks into the next: the longest
+        partial entry, as ``(block, valid tokens)``, or None."""
+        r, B, h = self.hashes_per_block, self.block_size, self.hash_block_size
+        hashes, base = request.block_hashes, num_full * r
         for k in range(r - 1, 0, -1):
-            if num_tokens + k * h <= max_hit and base + k - 1 < len(hashes):
+            if num_full * B + k * h <= request.num_tokens - 1 and base + k - 1 < len(hashes):
                 entry = self.partial_hash_to_block.get(hashes[base + k - 1])
                 if entry is not None:
-                    blocks.append(entry[0])
-                    num_tokens += k * h
-                    break
-        return blocks, num_tokens
+                    return entry[0], k * h
+        return None
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a new request: ``(blocks, num_computed_tokens)``.
@@ -303,7 +299,8 @@ class KVCacheManager:
         # The watermark holds back an admission (a request with no blocks: vLLM's
         # WAITING or PREEMPTED) only while other requests are scheduled.
         if has_scheduled_reqs is None:
-            has_scheduled_reqs = len(self.req_to_blocks) > (rid in self.req_to_blocks)
+            others = len(self.req_to_blocks) - (1 if rid in self.req_to_blocks else 0)
+            has_scheduled_reqs = others > 0
         watermark = self.watermark_blocks if not req_blocks and has_scheduled_reqs else 0
         if num_to_allocate + num_evictable_hits > self.block_pool.get_num_free_blocks() - watermark:
             return None
@@ -318,12 +315,8 @@ class KVCacheManager:
             self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
             self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
             new_blocks = self._get_new_blocks(num_to_allocate)
-            if partial_hit:
-                cow = new_blocks[0]
-                if self.redirect_partial_hit is None:
-                    self._apply_cow(req_blocks, len(hit) - 1, cow)
-                else:
-                    self.redirect_partial_hit(self, req_blocks, len(hit) - 1, cow)
+            if partial_hit:  # the last hit block is shared and partly valid: a private copy
+                self.redirect_partial_hit(req_blocks, len(hit) - 1, new_blocks[0])
             req_blocks.extend(new_blocks[partial_hit:])
 
             if self.enable_caching:
@@ -368,15 +361,31 @@ class KVCacheManager:
         self._record_partial_entries(request)
 
     def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
-        """A hit must still be what ``get_computed_blocks`` would say now (nothing evicted in between)."""
-        expected, expected_tokens = self._find_hit(request) if self.enable_caching else ([], 0)
-        if expected_tokens < num_tokens or any(a is not b for a, b in zip(hit, expected[:len(hit)])) \
-                or num_tokens % self.hash_block_size:
+        """A hit must still be what ``get_computed_blocks`` says now (nothing evicted in between).
+
+        Checked block by block, without a second lookup: full block ``i`` is
+        the block cached under this request's hash of its first ``i + 1``
+        blocks; a last, partial block is the longest partial entry past them
+        (a partial hit is used whole, and only while no longer hit exists).
+        """
+        r, B = self.hashes_per_block, self.block_size
+        num_full, hashes = num_tokens // B, request.block_hashes
+        cached = self.block_pool.get_cached_block
+        ok = (self.enable_caching and num_tokens % self.hash_block_size == 0 and num_tokens < request.num_tokens
+              and all(cached(hashes[(i + 1) * r - 1]) is hit[i] for i in range(num_full)))
+        partial = self._partial_hit(request, num_full) if ok and num_tokens % B else None
+        if num_tokens % B and (partial is None or partial[0] is not hit[-1]):
+            ok = False
+        if not ok:
             raise ValueError(f"stale or foreign prefix hit for request {request.request_id!r}: "
                              f"blocks {[b.block_id for b in hit]} with {num_tokens} tokens are not cached for it")
-        if num_tokens % self.block_size and (expected_tokens != num_tokens):
-            raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
-                             f"{expected_tokens} tokens, not {num_tokens}")
+        if partial is not None:
+            longest = num_full * B + partial[1]
+            if (num_full + 1) * B < request.num_tokens and cached(hashes[(num_full + 1) * r - 1]) is not None:
+                longest = self._find_hit(request)[1]  # the block has filled since: a longer hit
+            if longest != num_tokens:
+                raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
+                                 f"{longest} tokens, not {num_tokens}")
 
     def _get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         blocks = self.block_pool.get_new_blocks(n)
@@ -385,8 +394,10 @@ class KVCacheManager:
                 del self.partial_hash_to_block[block_hash]
         return blocks
 
-    def _apply_cow(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
-        """Redirect a partially valid shared block to a private copy (the one non-append table write).
+    def redirect_partial_hit(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
+        """Point ``req_blocks[block_idx]`` (shared, partly valid) at the fresh private ``cow`` block.
+
+        Copy-on-write of a partial prefix hit, the one non-append table write.
 
         ``source`` keeps the reference its prefix hit took; ``cow`` takes one more
         beyond the request's own. Both are released by ``acknowledge_copies``.
@@ -519,10 +530,6 @@ class KVCacheManager:
     # ------------------------------------------------------------ invariants
     def check(self) -> None:
         """Verify the pool's invariants and the manager's; raise ``InvariantError`` naming the broken one."""
-
-        def require(ok: bool, name: str, detail: str) -> None:
-            if not ok:
-                raise InvariantError(f"invariant '{name}' broken: {detail}")
 
         pool = self.block_pool
         pool.check()

@@ -11,28 +11,9 @@ import numbers
 from typing import Sequence
 
 from .common import check_int
-from .hashing import BlockHash, hash_block_tokens
+from .hashing import BlockHash, check_token_ids, hash_checked_block_tokens
 
 __all__ = ["Request"]
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _check_tokens(token_ids, what: str) -> list[int]:
-    """Validate token ids as the hashes will need them: integers that fit in 64 bits."""
-    if isinstance(token_ids, (str, bytes)):
-        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} {token_ids!r}")
-    try:
-        tokens = list(token_ids)
-    except TypeError:
-        raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__} "
-                        f"{token_ids!r}") from None
-    for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{what}[{i}] = {t!r} is not an integer token id")
-        if not _INT64_MIN <= t <= _INT64_MAX:
-            raise ValueError(f"{what}[{i}] = {t} does not fit in 64 bits (token ids are int64)")
-    return [int(t) for t in tokens]
 
 
 class Request:
@@ -51,7 +32,7 @@ class Request:
                  *, hash_block_size: int | None = None):
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-        prompt = _check_tokens(prompt_token_ids, "prompt_token_ids")
+        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
         if not prompt:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         self.request_id = request_id
@@ -75,6 +56,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        """True once ``max_tokens`` tokens were generated, a plain ``Request``'s only end
+        (an ``EngineRequest`` also stops on EOS and stop rules: see its ``is_finished``)."""
         return self.num_output_tokens >= self.max_tokens
 
     def bind_hash_block_size(self, hash_block_size: int) -> None:
@@ -94,7 +77,7 @@ class Request:
         Every token is validated (an int that fits in 64 bits) and the count is
         checked against ``max_tokens`` before anything is appended.
         """
-        tokens = _check_tokens([token_ids] if isinstance(token_ids, numbers.Integral) and not isinstance(token_ids, bool)
+        tokens = check_token_ids([token_ids] if isinstance(token_ids, numbers.Integral) and not isinstance(token_ids, bool)
                                else token_ids, "token_ids")
         if self.num_output_tokens + len(tokens) > self.max_tokens:
             raise ValueError(f"request {self.request_id!r}: {len(tokens)} more tokens would exceed "
@@ -109,7 +92,8 @@ class Request:
             return
         parent = self.block_hashes[-1] if self.block_hashes else None
         for start in range(len(self.block_hashes) * h, self.num_tokens - h + 1, h):
-            parent = hash_block_tokens(parent, self.all_token_ids[start:start + h])
+            # the tokens were checked on the way in: hash them without a second check
+            parent = hash_checked_block_tokens(parent, self.all_token_ids[start:start + h])
             self.block_hashes.append(parent)
 
     def __repr__(self) -> str:

@@ -34,7 +34,7 @@ import numbers
 import torch
 
 from ._device import default_device
-from .common import InvariantError, cdiv, check_int
+from .common import InvariantError, cdiv, check_int, require
 
 __all__ = ["ReqToTokenPool", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"]
 
@@ -182,16 +182,11 @@ class ReqToTokenPool:
     def check(self) -> None:
         """Free and allocated rows partition 1..size; row 0 is in neither (``InvariantError`` if not)."""
         free = self.free_slots
-        if len(set(free)) != len(free):
-            _fail("no row is free twice", "free_slots has duplicates")
-        if set(free) & self._allocated:
-            _fail("a row is never both free and allocated", f"rows {sorted(set(free) & self._allocated)}")
-        if set(free) | self._allocated != set(range(1, self.size + 1)):
-            _fail("free and allocated rows cover exactly 1..size", "a row is missing, or row 0 (padding) is listed")
-
-
-def _fail(name: str, detail: str) -> None:
-    raise InvariantError(f"invariant '{name}' broken: {detail}")
+        require(len(set(free)) == len(free), "no row is free twice", "free_slots has duplicates")
+        require(not set(free) & self._allocated, "a row is never both free and allocated",
+                lambda: f"rows {sorted(set(free) & self._allocated)}")
+        require(set(free) | self._allocated == set(range(1, self.size + 1)), "free and allocated rows cover exactly 1..size",
+                "a row is missing, or row 0 (padding) is listed")
 
 
 def _check_free_partition(free: torch.Tensor, allocated: torch.Tensor, n: int, unit: str) -> None:
@@ -200,16 +195,14 @@ def _check_free_partition(free: torch.Tensor, allocated: torch.Tensor, n: int, u
     No unit is free twice; free and allocated are disjoint and together cover
     1..n; unit 0 is in neither. Raises ``InvariantError`` naming the broken rule.
     """
-    if free.numel() and (int(free.min()) < 1 or int(free.max()) > n):
-        _fail(f"free {unit}s lie in 1..{n}", f"found {free.min().item()}..{free.max().item()}")
-    if torch.unique(free).numel() != free.numel():
-        _fail(f"no {unit} is free twice", "the free list has duplicates")
-    if bool(allocated[0]):
-        _fail(f"{unit} 0 (padding) is never allocated", f"{unit} 0 is marked allocated")
-    if bool(allocated[free].any()):
-        _fail(f"a {unit} is never both free and allocated", f"{unit}s {free[allocated[free]].tolist()}")
-    if free.numel() + int(allocated.sum()) != n:
-        _fail(f"free and allocated cover every {unit}", f"{free.numel()} free + {int(allocated.sum())} allocated != {n}")
+    require(not free.numel() or (int(free.min()) >= 1 and int(free.max()) <= n), f"free {unit}s lie in 1..{n}",
+            lambda: f"found {free.min().item()}..{free.max().item()}")
+    require(torch.unique(free).numel() == free.numel(), f"no {unit} is free twice", "the free list has duplicates")
+    require(not allocated[0], f"{unit} 0 (padding) is never allocated", f"{unit} 0 is marked allocated")
+    require(not allocated[free].any(), f"a {unit} is never both free and allocated",
+            lambda: f"{unit}s {free[allocated[free]].tolist()}")
+    require(free.numel() + int(allocated.sum()) == n, f"free and allocated cover every {unit}",
+            lambda: f"{free.numel()} free + {int(allocated.sum())} allocated != {n}")
 
 
 class TokenToKVPoolAllocator:
@@ -350,8 +343,9 @@ class PagedTokenToKVPoolAllocator:
             if n3:
                 out.append(new_pages[next_page] * ps + offsets[:n3])
                 next_page += 1
-        if next_page != new_pages.numel():  # the page count above and the cases disagree: our bug
-            _fail("every page taken is placed", f"{next_page} of {new_pages.numel()} placed")
+        # The page count above and the cases must agree (a failure is our bug).
+        require(next_page == new_pages.numel(), "every page taken is placed",
+                lambda: f"{next_page} of {new_pages.numel()} placed")
         result = torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
         return result.to(self.device)
 

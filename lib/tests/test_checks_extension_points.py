@@ -2,8 +2,8 @@
 
 A checker may build library objects, call their public methods, subclass a
 library class to override a method (``KVCacheManager.block_pool_class``,
-``release_blocks``, ``get_computed_blocks``, ``allocate_slots``) and pass
-documented arguments (``redirect_partial_hit``). It may not install code by
+``release_blocks``, ``redirect_partial_hit``, ``get_computed_blocks``,
+``allocate_slots``). It may not install code by
 assigning to a library object's attributes, nor read or write a private
 (``_name``) attribute of one.
 

@@ -1,8 +1,8 @@
 """The public extension points the checkers drive the library through (issue 16).
 
-``KVCacheManager(redirect_partial_hit=...)`` is the copy-on-write step of a
-partial prefix hit, which exercise 6's checker replaces with the learner's
-function instead of assigning a private method. ``block_pool_class`` (a
+``KVCacheManager.redirect_partial_hit`` is the copy-on-write step of a
+partial prefix hit, which exercise 6's checker overrides in a subclass with
+the learner's function instead of assigning a private method. ``block_pool_class`` (a
 ``BlockPool`` subclass with the learner's ``free_blocks`` or ``touch``) and
 ``release_blocks`` (the learner's ``free_request``) carry exercise 3's;
 ``BlockPool.evict_blocks`` punches the hole in the cache that exercise 6's
@@ -11,7 +11,6 @@ lookup cases need.
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 
@@ -24,32 +23,31 @@ from pagedkv.request import Request
 def test_redirect_partial_hit_is_called_for_every_partial_hit_and_changes_nothing_else():
     calls = []
 
-    def redirect(manager, req_blocks, block_idx, cow_block):
-        calls.append((manager, block_idx, cow_block.block_id))
-        KVCacheManager._apply_cow(manager, req_blocks, block_idx, cow_block)  # the default, observed
+    class Observed(KVCacheManager):
+        def redirect_partial_hit(self, req_blocks, block_idx, cow_block):
+            calls.append((self, block_idx, cow_block.block_id))
+            super().redirect_partial_hit(req_blocks, block_idx, cow_block)  # the default, observed
 
-    manager = functools.partial(KVCacheManager, redirect_partial_hit=redirect)
     for seed in range(6):
-        manager_trial(manager, seed, aligned=False)  # raises on any difference from the plain manager
+        manager_trial(Observed, seed, aligned=False)  # raises on any difference from the plain manager
     assert calls, "the trials must reach partial hits"
-    assert all(isinstance(m, KVCacheManager) and m.redirect_partial_hit is redirect for m, _, _ in calls)
+    assert all(isinstance(m, Observed) for m, _, _ in calls)
 
 
 def test_a_wrong_redirect_is_seen_by_the_trial():
-    def no_copy(manager, req_blocks, block_idx, cow_block):
-        req_blocks[block_idx] = cow_block  # redirects, but records no copy and takes no reference
+    class NoCopy(KVCacheManager):
+        def redirect_partial_hit(self, req_blocks, block_idx, cow_block):
+            req_blocks[block_idx] = cow_block  # redirects, but records no copy and takes no reference
 
-    manager = functools.partial(KVCacheManager, redirect_partial_hit=no_copy)
     with pytest.raises(AssertionError):
         for seed in range(6):
-            manager_trial(manager, seed, aligned=False)
+            manager_trial(NoCopy, seed, aligned=False)
 
 
-def test_redirect_partial_hit_must_be_callable():
-    with pytest.raises(TypeError, match="redirect_partial_hit must be callable or None, got int 3"):
-        KVCacheManager(8, 4, redirect_partial_hit=3)
-    m = KVCacheManager(8, 4, redirect_partial_hit=None)
-    assert m.redirect_partial_hit is None
+def test_the_manager_takes_no_copy_hook_argument():
+    # one extension mechanism: the hook is a method, overridden by subclassing
+    with pytest.raises(TypeError, match="redirect_partial_hit"):
+        KVCacheManager(8, 4, redirect_partial_hit=lambda *a: None)
 
 
 # ------------------------------------------------ block_pool_class, release_blocks

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from pagedkv import budget
-from pagedkv.engine import (EngineArgs, EngineStats, LLMEngine, RequestOutput, RequestStatus, Scheduler,
-                            SchedulerOutput, preempt_last_running)
+from pagedkv.engine import (EngineArgs, EngineStats, LLMEngine, ModelRunnerOutput, RequestOutput, RequestStatus,
+                            Scheduler, SchedulerOutput, preempt_last_running)
 from pagedkv.engine.request import EngineRequest
 from pagedkv.engine.sizing import dummy_batch, model_spec_of
 from pagedkv.kv_cache_manager import KVCacheManager
@@ -308,7 +308,7 @@ def fake_step(sched: Scheduler, token: int = 7) -> SchedulerOutput:
     out = sched.schedule()
     sampled = {rid: token for rid, n in out.num_scheduled_tokens.items()
                if out.num_computed_tokens[rid] + n == sched.requests[rid].num_tokens}
-    sched.update_from_output(out, sampled)
+    sched.update_from_output(out, ModelRunnerOutput(sampled))
     sched.check()
     return out
 

@@ -285,7 +285,7 @@ def test_oracle_catches_a_manager_that_never_copies(monkeypatch):
     def no_cow(self, req_blocks, block_idx, cow):
         self.block_pool.free_blocks([cow])  # give the spare block back and write into the shared one
 
-    monkeypatch.setattr(KVCacheManager, "_apply_cow", no_cow)
+    monkeypatch.setattr(KVCacheManager, "redirect_partial_hit", no_cow)
     with pytest.raises((AssertionError, ValueError), match="reads back wrong tokens|already holds a different hash"):
         for seed in range(6):
             _random_run(seed)

@@ -177,6 +177,27 @@ def test_triton_backend_matches_torch_backend():
         torch.testing.assert_close(got, ref.cpu()[2:], atol=1e-5, rtol=0)
 
 
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "torch-ref"])
+def test_a_bad_slot_mapping_is_refused_before_any_layer_writes(backend):
+    """The backend checks the step once, before layer 0: a slot used twice changes no cache."""
+    from pagedkv.model.paged_attention import attention_backend
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = Model(config, seed=0, device=pagedkv.default_device())
+    caches = model.allocate_kv_cache(num_blocks=4, block_size=2)
+    dev = model.device
+    meta = AttentionMetadata(slot_mapping=torch.tensor([2, 3, 2], device=dev),  # slot 2 twice
+                             block_table=torch.tensor([[1, 2]], dtype=torch.int32, device=dev),
+                             seq_lens=torch.tensor([3], dtype=torch.int32, device=dev),
+                             query_start_loc=torch.tensor([0, 3], dtype=torch.int32, device=dev))
+    chosen = attention_backend(backend)
+    assert chosen.name == backend and attention_backend(chosen) is chosen
+    with pytest.raises(ValueError, match="slot 2 appears more than once in slot_mapping"):
+        model(torch.tensor([1, 2, 3], device=dev), torch.arange(3, device=dev), caches, meta, kernel_backend=chosen)
+    assert not any(kc.any() or vc.any() for kc, vc in caches)
+
 def test_presets():
     tiny = ModelConfig.preset("tiny")
     assert tiny.num_attention_heads // tiny.num_key_value_heads > 1  # GQA

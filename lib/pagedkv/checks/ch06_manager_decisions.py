@@ -17,20 +17,19 @@ the manager, and two computations on a partial hit:
   copy's block), compared with an oracle and a real
   ``KVCacheManager(hash_block_size=match_unit)``;
 * ``redirect_partial_hit(manager, req_blocks, block_idx, cow_block)``: the
-  copy-on-write redirect of a partial hit (installed through the manager's
-  public ``redirect_partial_hit`` hook).
+  copy-on-write redirect of a partial hit (overriding the manager's
+  ``redirect_partial_hit`` method in a subclass).
 
 As for chapter 3's decisions, each function runs inside one real
 ``KVCacheManager``, through the library's extension points (a subclass
-overriding ``get_computed_blocks`` or ``allocate_slots``; the
-``redirect_partial_hit`` argument), and random scheduler runs are compared,
+overriding ``get_computed_blocks``, ``allocate_slots`` or
+``redirect_partial_hit``), and random scheduler runs are compared,
 after every operation, with an untouched manager (``manager_trial``). A
 difference is diagnosed on small fixed cases.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 
 from ..kv_cache_manager import KVCacheManager
@@ -423,8 +422,12 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
                lambda: _diagnose_cow(fn))
 
         def trials():
-            # the manager's public copy-on-write hook, a constructor argument
-            manager = functools.partial(KVCacheManager, redirect_partial_hit=fn)
+            # the manager's copy-on-write step, overridden by a subclass
+            class LearnerManager(KVCacheManager):
+                def redirect_partial_hit(self, req_blocks, block_idx, cow):
+                    fn(self, req_blocks, block_idx, cow)
+
+            manager = LearnerManager
             for seed in range(seeds):
                 manager_trial(manager, seed, aligned=False,
                               diagnose=lambda: _diagnose_cow(fn))

@@ -33,7 +33,7 @@ import re
 from ..block_table import BlockTable
 from ..common import cdiv
 from ..engine import (EngineArgs, EngineRequest, EngineStats, LLMEngine,
-                      SamplingParams, Scheduler)
+                      ModelRunnerOutput, SamplingParams, Scheduler)
 from ..kv_cache_manager import KVCacheManager
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
                        expect_int, name_mistake, one_thread)
@@ -401,7 +401,7 @@ def _budget_states(seed: int, count: int):
                 rid: 7 for rid, n in out.num_scheduled_tokens.items()
                 if out.num_computed_tokens[rid] + n
                 == sched.requests[rid].num_tokens}
-            sched.update_from_output(out, sampled)
+            sched.update_from_output(out, ModelRunnerOutput(sampled))
         if rng.random() < 0.7:
             arrive(rng.randrange(1, 4))
         if not sched.has_unfinished_requests():

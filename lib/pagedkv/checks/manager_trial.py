@@ -4,7 +4,7 @@
 the same seeded run of a scheduler's calls (admissions with prefix hits,
 growth, preemption, frees, copy acknowledgements): a plain one, and the
 learner's, built by ``make_manager`` through the library's public extension
-points (a ``KVCacheManager`` subclass, or its ``redirect_partial_hit``). After every operation the block tables,
+points (a ``KVCacheManager`` subclass). After every operation the block tables,
 every ``ref_cnt``, the free queue in order, the cached hashes and the
 outstanding copies must agree, and both ``check()``s pass.
 """

@@ -34,8 +34,10 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   kernel only the scheduled rows of the block table (vLLM passes every row).
 - An aborted request's final output (``finish_reason="abort"``) arrives with
   the next ``step()``.
-- ``LLMEngine.add_request`` without ``SamplingParams`` is greedy (vLLM's
-  default temperature is 1.0; ``SamplingParams()`` here has it too).
+- ``LLMEngine.add_request`` and ``LLMEngine.generate`` without
+  ``SamplingParams`` are greedy, so that token-id runs are deterministic
+  (vLLM's default temperature is 1.0; ``SamplingParams()`` and
+  ``LLM.generate``'s default here have it too).
 - Sampling noise is a hash of (seed, tokens generated so far, token id), not
   a generator's stream, so a seeded output does not depend on its batch.
 - A request that cannot be admitted even into an empty batch raises
@@ -54,7 +56,7 @@ from .llm_engine import LLMEngine
 from .parallel_sampling import ParentRequest
 from .request import CompletionOutput, EngineRequest, Logprob, RequestOutput, RequestStatus
 from .sampling import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
+from .scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
 from .stats import EngineStats
 from .worker import Worker
@@ -62,6 +64,6 @@ from .worker import Worker
 __all__ = [
     "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLM", "LLMEngine", "SamplingParams", "EngineRequest",
     "RequestOutput", "CompletionOutput", "Logprob", "ParentRequest",
-    "RequestStatus", "Scheduler", "SchedulerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
+    "RequestStatus", "Scheduler", "SchedulerOutput", "ModelRunnerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
     "EngineStats", "Worker",
 ]

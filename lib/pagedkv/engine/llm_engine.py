@@ -19,7 +19,6 @@ trace recorder of ``pagedkv.views`` attach.
 from __future__ import annotations
 
 import itertools
-import numbers
 import random
 import time
 from functools import partial
@@ -28,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..common import check_bool, check_int
+from ..hashing import check_token_ids
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
 from .parallel_sampling import ParentRequest, child_request_ids
@@ -119,13 +119,7 @@ class LLMEngine:
             prompt = prompt.tolist()
         if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
             raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
-        vocab = self.model.config.vocab_size
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise TypeError(f"prompt[{i}] = {t!r} is not an integer token id")
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt[{i}] = {t} is not a token id of the model (0..{vocab - 1})")
-        return [int(t) for t in prompt]
+        return check_token_ids(prompt, "prompt", self.model.config.vocab_size)
 
     def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False,
                     sampling_params: SamplingParams | None = None) -> None:
@@ -142,13 +136,45 @@ class LLMEngine:
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-        token_ids = self._encode(prompt)
-        params = self._params(sampling_params, max_tokens, ignore_eos)
-        self._check_prompt(token_ids, params.max_tokens or self.max_model_len, params.ignore_eos)
-        self._check_min_tokens(params, len(token_ids))
+        token_ids, params = self._prepare(prompt, sampling_params, max_tokens, ignore_eos)
         taken = self._ids_taken(request_id, params.n)
         if taken:
             raise ValueError(f"request id {taken[0]!r} is already in use by an unfinished request")
+        self._enqueue(request_id, token_ids, params)
+
+    def _prepare(self, prompt, sampling_params, max_tokens, ignore_eos) -> tuple[list[int], SamplingParams]:
+        """Every check of one prompt and its parameters, and its tokens: ``(token_ids, params)``.
+
+        Changes nothing: the caller enqueues only once every prompt it was
+        given passed. Without ``max_tokens`` the length cap is
+        ``max_model_len``, and ``min_tokens`` must fit it, as vLLM checks
+        (``sampling_params.min_tokens > sampling_params.max_tokens``,
+        ``v1/engine/input_processor.py:477-486``).
+        """
+        token_ids = self._encode(prompt)
+        if sampling_params is None:  # LLMEngine's default: greedy
+            check_int(max_tokens, "max_tokens", 1)
+            check_bool(ignore_eos, "ignore_eos")
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        elif not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+        elif sampling_params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer to read the text; use stop_token_ids")
+        else:
+            params = sampling_params
+        if not token_ids:
+            raise ValueError("the prompt is empty: a request needs at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt ({len(token_ids)} tokens) plus at least one generated token does not "
+                             f"fit max_model_len={self.max_model_len}")
+        room = self.max_model_len - len(token_ids)
+        if params.max_tokens is None and params.min_tokens > room:
+            raise ValueError(f"SamplingParams.min_tokens must be <= max_tokens={room} (max_model_len "
+                             f"{self.max_model_len} minus a {len(token_ids)}-token prompt), got {params.min_tokens}")
+        return token_ids, params
+
+    def _enqueue(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a prepared request (its n children for n > 1) under a free id."""
         parent = ParentRequest(request_id, params) if params.n > 1 else None
         ids = [request_id] if parent is None else parent.child_ids
         detokenize = None if self.tokenizer is None else self.tokenizer.decode
@@ -168,34 +194,6 @@ class LLMEngine:
         """Which of ``request_id`` and, for n > 1, its children's ids an unfinished request already uses."""
         ids = [request_id] + (child_request_ids(request_id, n) if n > 1 else [])
         return [r for r in ids if r in self.scheduler.requests or r in self._parents]
-
-    def _check_min_tokens(self, params: SamplingParams, prompt_len: int) -> None:
-        """Without max_tokens the length cap is max_model_len: min_tokens must fit it (as vLLM checks,
-        ``sampling_params.min_tokens > sampling_params.max_tokens``, ``v1/engine/input_processor.py:477-486``)."""
-        room = self.max_model_len - prompt_len
-        if params.max_tokens is None and params.min_tokens > room:
-            raise ValueError(f"SamplingParams.min_tokens must be <= max_tokens={room} (max_model_len "
-                             f"{self.max_model_len} minus a {prompt_len}-token prompt), got {params.min_tokens}")
-
-    def _params(self, sampling_params, max_tokens, ignore_eos) -> SamplingParams:
-        """The request's SamplingParams: the given ones, or greedy with ``max_tokens`` and ``ignore_eos``."""
-        if sampling_params is None:
-            self._check_prompt([0], max_tokens, ignore_eos)  # the two arguments' own checks
-            return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        if sampling_params.stop and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop needs a tokenizer to read the text; use stop_token_ids")
-        return sampling_params
-
-    def _check_prompt(self, token_ids: list[int], max_tokens, ignore_eos) -> None:
-        if not token_ids:
-            raise ValueError("the prompt is empty: a request needs at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt ({len(token_ids)} tokens) plus at least one generated token does not "
-                             f"fit max_model_len={self.max_model_len}")
-        check_int(max_tokens, "max_tokens", 1)
-        check_bool(ignore_eos, "ignore_eos")
 
     def abort_request(self, request_id: str) -> None:
         """Stop an unfinished request now (KeyError if it is not one); its blocks return to the pool.
@@ -262,17 +260,13 @@ class LLMEngine:
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
                 f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "
                 f"{self.kv_cache_manager.watermark_blocks} blocks. Lower the watermark or enlarge the pool.")
-        sampled = self.worker.execute_model(out, self.scheduler.requests)
+        model_runner_output = self.worker.execute_model(out, self.scheduler.requests)
         if out.cow_pairs:  # the step has run: the copies' extra references can go
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
-        num_prompt_tokens = self._prompt_tokens(out)
-        progressed = self.scheduler.update_from_output(out, sampled)
-        finished = [r.request_id for r in progressed if r.status.is_finished]
-        self.worker.remove_requests(finished)
-        decode = None if self.tokenizer is None else self._decode_token
-        for r in progressed:  # the sampled tokens' logprobs, for the requests that asked
-            if r.request_id in self.worker.last_logprobs:
-                r.append_logprobs(r.output_token_ids[-1], *self.worker.last_logprobs[r.request_id], decode)
+        num_prompt_tokens = self._prompt_tokens(out)  # before finished requests leave scheduler.requests
+        progressed = self.scheduler.update_from_output(
+            out, model_runner_output, None if self.tokenizer is None else self._decode_token)
+        self.worker.remove_requests([r.request_id for r in progressed if r.status.is_finished])
         outputs.extend(self._gather([self._output(r, [r.output_token_ids[-1]]) for r in progressed]))
         self._stats.record_step(num_prompt_tokens, len(progressed), len(out.preempted_req_ids),
                                 time.perf_counter() - t0)
@@ -300,7 +294,11 @@ class LLMEngine:
         """Generation for a batch: add every prompt, step until they all finish.
 
         ``sampling_params``: one for all prompts or one per prompt (default:
-        greedy with ``max_tokens`` and ``ignore_eos``). Returns one finished
+        greedy with ``max_tokens`` and ``ignore_eos``: this engine-level call
+        takes token ids and its outputs are compared token for token with the
+        dense model, so its default is deterministic; ``LLM.generate``, vLLM's
+        user-facing call, defaults to ``SamplingParams()`` as vLLM does,
+        temperature 1.0). Returns one finished
         ``RequestOutput`` per prompt, in prompt order (with ``n > 1``, its
         ``outputs`` holds the n completions). Requests added earlier
         by ``add_request`` also advance meanwhile; their outputs are not
@@ -314,22 +312,18 @@ class LLMEngine:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
-        checked = []
-        for i, (p, sp) in enumerate(zip(prompts, params)):  # validate all before adding any: a bad prompt adds none
+        prepared = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):  # check all before adding any: a bad prompt adds none
             try:
-                sp = self._params(sp, max_tokens, ignore_eos)
-                token_ids = self._encode(p)
-                self._check_prompt(token_ids, sp.max_tokens or self.max_model_len, sp.ignore_eos)
-                self._check_min_tokens(sp, len(token_ids))
+                prepared.append(self._prepare(p, sp, max_tokens, ignore_eos))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
-            checked.append(sp)
         ids = []
-        for p, sp in zip(prompts, checked):
+        for token_ids, sp in prepared:
             rid = f"generate-{next(self._generate_ids)}"
             while self._ids_taken(rid, sp.n):
                 rid = f"generate-{next(self._generate_ids)}"
-            self.add_request(rid, p, sampling_params=sp)
+            self._enqueue(rid, token_ids, sp)
             ids.append(rid)
         wanted = set(ids)
         final: dict[str, RequestOutput] = {}

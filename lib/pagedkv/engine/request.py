@@ -102,6 +102,12 @@ class EngineRequest(Request):
         self.stop_reason: int | str | None = None  # the stop token id or string that finished it
 
     @property
+    def is_finished(self) -> bool:
+        """True once the request has a finished status, whatever stopped it (EOS, a stop rule, a
+        length cap, an abort); ``Request.is_finished`` knows only ``max_tokens``."""
+        return self.status.is_finished
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

@@ -1,7 +1,7 @@
 """The scheduler: which requests compute how many tokens this step, and who is preempted.
 
 This is vLLM V1's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``)
-for a greedy, single-GPU, text-only engine. There is no prefill phase and no
+for a synchronous, single-GPU, text-only engine. There is no prefill phase and no
 decode phase: every request has ``num_tokens`` and ``num_computed_tokens``,
 and a step hands each request some tokens so the second catches up with the
 first. A prompt is one long catch-up (split across steps by chunked prefill),
@@ -29,16 +29,16 @@ executes and a chapter can print.
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ..common import require
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
 
-__all__ = ["SchedulerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
+__all__ = ["SchedulerOutput", "ModelRunnerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
            "AllocateWithPreemption"]
 
 #: ``(scheduler, request, num_new_tokens) -> new blocks, or None``: see ``preempt_last_running``.
@@ -112,6 +112,22 @@ class WaitingQueue:
 
     def __repr__(self) -> str:
         return f"WaitingQueue({list(self._q)})"
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the worker hands back after a step (vLLM's name), applied by ``Scheduler.update_from_output``.
+
+    Attributes:
+        sampled_token_ids: request id -> the token sampled for it, for each
+            request whose prompt (or recomputation) is complete after the step.
+        logprobs: request id -> ``(logprob, rank, [(token id, logprob), ...top k])``
+            of its sampled token, taken from the raw logits (before the
+            ``min_tokens`` mask), for the requests that asked for logprobs.
+    """
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, tuple[float, int, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,13 +217,6 @@ class SchedulerOutput:
         return "\n".join(lines)
 
 
-def _accepts(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-
-
 class Scheduler:
     """vLLM V1's scheduler over a ``KVCacheManager``: a running list and a waiting queue.
 
@@ -246,8 +255,6 @@ class Scheduler:
         self._finished_since_last_step: list[str] = []
         self._out: SchedulerOutput | None = None  # the step being decided
         self._token_budget = 0
-        # vLLM's watermark applies only when something else is scheduled; pass that if the manager takes it.
-        self._pass_has_scheduled = _accepts(kv_cache_manager.allocate_slots, "has_scheduled_reqs")
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineRequest) -> None:
@@ -349,7 +356,7 @@ class Scheduler:
             request = self.running[req_index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, self._token_budget,
                                  self.max_model_len - request.num_computed_tokens)
-            if num_new_tokens <= 0:  # nothing to compute (cannot happen for a synchronous greedy engine)
+            if num_new_tokens <= 0:  # nothing to compute (cannot happen in a synchronous engine)
                 req_index += 1
                 continue
             num_preempted = len(out.preempted_req_ids)
@@ -365,9 +372,6 @@ class Scheduler:
             self._token_budget -= num_new_tokens
             req_index += 1
 
-    def _allocate_kwargs(self) -> dict:
-        return {"has_scheduled_reqs": bool(self.running)} if self._pass_has_scheduled else {}
-
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         manager = self.kv_cache_manager
         while self.waiting and self._token_budget > 0:
@@ -379,8 +383,9 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
                 break  # the whole prompt must fit this step: it waits
             num_new_tokens = min(num_new_tokens, self._token_budget)
+            # vLLM's watermark applies only when other requests are scheduled.
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit, hit_blocks,
-                                                **self._allocate_kwargs())
+                                                has_scheduled_reqs=bool(self.running))
             if new_blocks is None:
                 break  # first come, first served: nobody overtakes the front
             self.waiting.popleft()
@@ -400,27 +405,29 @@ class Scheduler:
             self._token_budget -= num_new_tokens
 
     # ----------------------------------------------------------------- update
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled_token_ids: dict[str, int]) -> list[EngineRequest]:
-        """Apply a step's results: advance progress, append sampled tokens, finish requests.
+    def update_from_output(self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,
+                           decode_token: Callable[[int], str] | None = None) -> list[EngineRequest]:
+        """Apply a step's results: advance progress, append sampled tokens and logprobs, finish requests.
 
-        ``sampled_token_ids`` holds one token for each request whose prompt
-        (or recomputation) is complete after this step. Returns the requests
-        that got a token, in scheduling order; finished ones have a finished
-        status, their blocks freed and they left ``running``.
+        Returns the requests that got a token, in scheduling order; finished
+        ones have a finished status, their blocks freed and they left
+        ``running``. ``decode_token`` gives a logprob entry its token's text.
         """
         progressed: list[EngineRequest] = []
         finished: set[int] = set()
+        sampled, logprobs = model_runner_output.sampled_token_ids, model_runner_output.logprobs
         for rid, n in out.num_scheduled_tokens.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
-            token = sampled_token_ids.get(rid)
+            token = sampled.get(rid)
             if token is None:
                 continue
             if request.num_computed_tokens != request.num_tokens:
                 raise RuntimeError(f"request {rid!r} got a token before its {request.num_tokens} tokens "
                                    f"were computed ({request.num_computed_tokens})")
             request.append_output_token_ids(token)
+            if rid in logprobs:
+                request.append_logprobs(token, *logprobs[rid], decode_token)
             progressed.append(request)
             if request.check_stop(self.max_model_len):
                 self.kv_cache_manager.free(request)
@@ -432,20 +439,27 @@ class Scheduler:
 
     # ----------------------------------------------------------------- checks
     def check(self) -> None:
-        """The scheduler's invariants plus the manager's ``check()``; AssertionError names the broken one."""
+        """The scheduler's invariants plus the manager's ``check()``; ``InvariantError`` names the broken one."""
         self.kv_cache_manager.check()
         running_ids = [r.request_id for r in self.running]
         waiting_ids = [r.request_id for r in self.waiting]
-        assert len(set(running_ids)) == len(running_ids), f"running has duplicates: {running_ids}"
-        assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
-        assert set(running_ids) | set(waiting_ids) == set(self.requests), \
-            "every unfinished request is running or waiting"
-        assert len(self.running) <= self.max_num_seqs, f"{len(self.running)} running > max_num_seqs"
+        require(len(set(running_ids)) == len(running_ids), "running holds each request once",
+                lambda: f"running is {running_ids}")
+        require(not set(running_ids) & set(waiting_ids), "no request both running and waiting",
+                lambda: f"{sorted(set(running_ids) & set(waiting_ids))}")
+        require(set(running_ids) | set(waiting_ids) == set(self.requests),
+                "every unfinished request is running or waiting",
+                lambda: f"requests {sorted(self.requests)}, running {running_ids}, waiting {waiting_ids}")
+        require(len(self.running) <= self.max_num_seqs, "at most max_num_seqs running",
+                lambda: f"{len(self.running)} running > {self.max_num_seqs}")
         held = set(self.kv_cache_manager.req_to_blocks)
-        assert held == set(running_ids), f"blocks held by {sorted(held)}, running {sorted(running_ids)}"
+        require(held == set(running_ids), "the running requests hold blocks, no others",
+                lambda: f"blocks held by {sorted(held)}, running {sorted(running_ids)}")
         for r in self.running:
-            assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
-            assert 0 < r.num_computed_tokens <= r.num_tokens, f"{r!r}: computed out of range"
+            require(r.status == RequestStatus.RUNNING, "running requests are RUNNING", lambda: f"{r!r}")
+            require(0 < r.num_computed_tokens <= r.num_tokens, "a running request has computed 1..num_tokens",
+                    lambda: f"{r!r}")
         for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is waiting"
-            assert r.num_computed_tokens == 0, f"{r!r} waits with computed tokens"
+            require(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED),
+                    "waiting requests are WAITING or PREEMPTED", lambda: f"{r!r}")
+            require(r.num_computed_tokens == 0, "a waiting request has computed nothing", lambda: f"{r!r}")

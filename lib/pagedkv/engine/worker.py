@@ -18,7 +18,8 @@ Per step, from the scheduler's decisions:
    (argmax alone when every row is greedy). A request in the middle of a
    chunked prefill gets no token. Rows short of their ``min_tokens`` get their
    stop tokens masked first; rows that asked for ``logprobs`` get them from
-   the raw logits (``last_logprobs``), the others cost nothing extra.
+   the raw logits, the others cost nothing extra. The step's tokens and
+   logprobs go back as one ``ModelRunnerOutput``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import torch
 from ..block_table import BlockTable
 from .request import EngineRequest
 from .sampling import gather_logprobs, mask_tokens, sample
-from .scheduler import SchedulerOutput
-from ..common import cdiv
+from .scheduler import ModelRunnerOutput, SchedulerOutput
+from ..common import cdiv, require
 
 __all__ = ["Worker"]
 
@@ -47,7 +48,9 @@ class Worker:
         block_size: tokens per block.
         max_num_reqs: rows of the block table (``max_num_seqs``).
         max_model_len: sizes the table's columns, ``cdiv(max_model_len, block_size)``.
-        kernel_backend: ``"triton"`` or ``"torch"``.
+        kernel_backend: ``"triton"``, ``"torch"`` or ``"torch-ref"``, parsed
+            once into the ``attention_backend`` the model attends with and the
+            worker computes slots and copies blocks with.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
@@ -55,20 +58,23 @@ class Worker:
         self.model = model
         self.device = model.device
         self.block_size = block_size
-        self.kernel_backend = kernel_backend
+        self.kernel_backend = kernel_backend  # sets attention_backend (see the property)
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.last_metadata = None  # the AttentionMetadata of the latest step
-        # {request id: (logprob, rank, [(token id, logprob), ...top k])} of the latest step's sampled
-        # tokens, for the requests that asked for logprobs (the engine moves them onto the requests).
-        self.last_logprobs: dict[str, tuple[float, int, list[tuple[int, float]]]] = {}
         self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
         self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
         self.row_of: dict[str, int] = {}
-        if kernel_backend == "triton":
-            from ..kernels import copy_blocks
-        else:
-            from ..kernels import copy_blocks_ref as copy_blocks
-        self._copy_blocks = copy_blocks
+
+    @property
+    def kernel_backend(self) -> str:
+        """The backend's name; setting a name chooses the backend anew."""
+        return self.attention_backend.name
+
+    @kernel_backend.setter
+    def kernel_backend(self, name: str) -> None:
+        from ..model.paged_attention import attention_backend  # pagedkv.model is loaded with the model
+
+        self.attention_backend = attention_backend(name)
 
     # ------------------------------------------------------------------- rows
     @property
@@ -110,17 +116,17 @@ class Worker:
 
     # ----------------------------------------------------------------- a step
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> dict[str, int]:
-        """Run one step; return ``{request id: sampled token}`` for requests that complete a prompt or decode."""
+    def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> ModelRunnerOutput:
+        """Run one step; the tokens sampled for requests that complete a prompt or decode, and their logprobs."""
         from ..model import AttentionMetadata
 
         self._update_rows(out)
-        self.last_logprobs = {}
         if out.is_empty:
-            return {}
+            return ModelRunnerOutput()
         self.block_table.commit(self.num_reqs)
+        backend = self.attention_backend
         if out.cow_pairs:  # before anything reads the cache
-            self._copy_blocks(self.kv_caches, out.cow_pairs)
+            backend.copy_blocks(self.kv_caches, out.cow_pairs)
 
         # Requests in row order, so the table's first rows can be passed without a copy.
         sched = sorted(out.num_scheduled_tokens, key=self.row_of.__getitem__)
@@ -137,13 +143,8 @@ class Worker:
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens)
         req_indices = np.repeat(rows, q_lens)
 
-        if self.kernel_backend == "triton":
-            slot_mapping = self.block_table.compute_slot_mapping(req_indices, positions, self.block_size)
-        else:
-            from ..kernels import compute_slot_mapping_ref
-
-            slot_mapping = compute_slot_mapping_ref(self.block_table.get_device_tensor(self.num_reqs),
-                                                    req_indices, positions, self.block_size)
+        slot_mapping = backend.slot_mapping(self.block_table, self.num_reqs, req_indices, positions,
+                                            self.block_size)
         if np.array_equal(rows, np.arange(len(sched))):
             table = self.block_table.get_device_tensor(len(sched))
         else:  # some running requests sit this step out: gather the scheduled rows
@@ -159,12 +160,12 @@ class Worker:
         self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
         hidden = self.model.forward(input_ids, torch.from_numpy(positions).to(dev), self.kv_caches, meta,
-                                    kernel_backend=self.kernel_backend)
+                                    kernel_backend=backend)
 
         # Sample only where the whole sequence is now computed (the last token's logits are the next token's).
         done = [i for i, rid in enumerate(sched) if starts[i] + q_lens[i] == requests[rid].num_tokens]
         if not done:
-            return {}
+            return ModelRunnerOutput()
         last = torch.from_numpy(cu[1:][done] - 1).to(dev)
         logits = self.model.compute_logits(hidden.index_select(0, last))
         reqs = [requests[sched[i]] for i in done]
@@ -173,9 +174,8 @@ class Worker:
         raw = logits.index_select(0, torch.tensor(want, device=dev)) if want else None
         self._mask_min_tokens(logits, reqs)
         sampled = self._sample(logits, reqs)
-        if want:
-            self._record_logprobs(raw, sampled, [reqs[i] for i in want], want)
-        return {sched[i]: t for i, t in zip(done, sampled.tolist())}
+        logprobs = self._logprobs(raw, sampled, [reqs[i] for i in want], want) if want else {}
+        return ModelRunnerOutput({sched[i]: t for i, t in zip(done, sampled.tolist())}, logprobs)
 
     @staticmethod
     def _mask_min_tokens(logits: torch.Tensor, reqs: list[EngineRequest]) -> None:
@@ -192,8 +192,9 @@ class Worker:
                 ids += stop
         mask_tokens(logits, rows, ids)
 
-    def _record_logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
-                         rows: list[int]) -> None:
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
+                  rows: list[int]) -> dict[str, tuple[float, int, list[tuple[int, float]]]]:
         """Logprobs for the rows that asked: one ``log_softmax`` and one ``topk`` (the largest k asked)."""
         vocab = raw.shape[-1]
         ks = [vocab if r.sampling_params.logprobs == -1 else min(r.sampling_params.logprobs, vocab)
@@ -201,8 +202,8 @@ class Worker:
         rows_t = torch.tensor(rows, device=raw.device)
         lp, rank, top, top_ids = gather_logprobs(raw, max(ks), sampled.index_select(0, rows_t))
         lp, rank, top, top_ids = lp.tolist(), rank.tolist(), top.tolist(), top_ids.tolist()
-        for j, (r, k) in enumerate(zip(reqs, ks)):
-            self.last_logprobs[r.request_id] = (lp[j], rank[j], list(zip(top_ids[j][:k], top[j][:k])))
+        return {r.request_id: (lp[j], rank[j], list(zip(top_ids[j][:k], top[j][:k])))
+                for j, (r, k) in enumerate(zip(reqs, ks))}
 
     def _sample(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
         """One token per row: the parameters go to the device as ``[batch]`` tensors, one op chain samples."""
@@ -223,13 +224,16 @@ class Worker:
 
     # ----------------------------------------------------------------- checks
     def check(self, expected: Mapping[str, list[int]]) -> None:
-        """The table holds exactly ``expected`` (request id -> block ids), rows dense; AssertionError if not."""
+        """The table holds exactly ``expected`` (request id -> block ids), rows dense; ``InvariantError`` if not."""
         self.block_table.check()
-        assert set(self.row_of) == set(self.req_ids) and len(self.req_ids) == len(self.row_of), \
-            "row index agrees with the row list"
-        assert all(self.row_of[r] == i for i, r in enumerate(self.req_ids)), "row index agrees with the row list"
-        assert int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0, "rows past the batch are empty"
+        require(len(self.req_ids) == len(self.row_of)
+                and all(self.row_of.get(r) == i for i, r in enumerate(self.req_ids)),
+                "row index agrees with the row list", lambda: f"rows {self.req_ids}, index {self.row_of}")
+        require(int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0,
+                "rows past the batch are empty", f"{self.num_reqs} rows in use")
         rows = self.rows()
-        assert set(rows) == set(expected), f"table rows {sorted(rows)} != running {sorted(expected)}"
+        require(set(rows) == set(expected), "one row per running request",
+                lambda: f"table rows {sorted(rows)}, running {sorted(expected)}")
         for rid, ids in expected.items():
-            assert rows[rid] == list(ids), f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}"
+            require(rows[rid] == list(ids), "a row holds its request's blocks",
+                    lambda: f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}")

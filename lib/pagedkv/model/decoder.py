@@ -15,9 +15,10 @@ Two forward passes share every layer and differ only in attention:
   concatenated (``[num_tokens]``); each layer writes this step's K/V to their
   slots (``reshape_and_cache``, vLLM's ``reshape_and_cache_flash``) and attends through the block table
   (``paged_attention``). Prefill chunks and decode tokens mix in one launch.
-  ``kernel_backend``: "triton" (the kernels), "torch" (the whole batch in
-  PyTorch, ``paged_attention.py``: the CPU path) or "torch-ref" (the kernels'
-  references, request by request: what the other two are tested against).
+  ``kernel_backend`` chooses how, once (``paged_attention.attention_backend``):
+  "triton" (the kernels), "torch" (the whole batch in PyTorch: the CPU path)
+  or "torch-ref" (the kernels' references, request by request: what the
+  other two are tested against).
 * ``Model.forward_dense`` is the reference: a ``[batch, seq]`` rectangle with
   ``scaled_dot_product_attention(is_causal=True)`` on contiguous K/V, no cache.
 """
@@ -36,7 +37,7 @@ from torch import nn
 from .._device import default_device
 from .config import ModelConfig
 from .cpu_linear import PackedLinear, plain_products
-from .paged_attention import batched_paged_attention, plan_batch, write_kv
+from .paged_attention import AttentionBackend, attention_backend
 from ..common import check_int
 
 __all__ = ["AttentionMetadata", "Model", "dense_logits", "rope_inv_freq", "apply_rope", "RMSNorm"]
@@ -150,16 +151,6 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def _kernel_ops(kernel_backend: str):
-    from .. import kernels  # imported here: it loads Triton, which pagedkv.model's config users never need
-
-    if kernel_backend == "triton":
-        return kernels.reshape_and_cache, kernels.paged_attention
-    if kernel_backend in ("torch", "torch-ref"):
-        return kernels.reshape_and_cache_ref, kernels.paged_attention_ref
-    raise ValueError(f"kernel_backend must be 'triton', 'torch' or 'torch-ref', got {kernel_backend!r}")
-
-
 _DRAW_ON_DEVICE_ABOVE = 10**9  # parameters; smaller models are drawn on the CPU, identical everywhere
 
 
@@ -238,51 +229,27 @@ class Model(nn.Module):
                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.layers]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, attn_metadata: AttentionMetadata,
-                kernel_backend: str = "torch") -> torch.Tensor:
+                kernel_backend: str | AttentionBackend = "torch") -> torch.Tensor:
         """One engine step over the concatenated tokens; returns hidden states ``[num_tokens, hidden_size]``.
 
-        Each layer writes this step's K/V to ``slot_mapping`` before reading the
-        cache, so a token attends to itself and to every earlier token of its
-        request, whichever step computed them.
+        The backend checks the step's metadata and plans once; then each layer
+        writes this step's K/V to ``slot_mapping`` before reading the cache, so
+        a token attends to itself and to every earlier token of its request,
+        whichever step computed them.
         """
-        write, attend = _kernel_ops(kernel_backend)
-        if kernel_backend == "triton":
-            from ..kernels.attention import launch_planned, validated_plan
-            from ..kernels.kv_write import launch_reshape_and_cache
+        backend = attention_backend(kernel_backend)
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"input_ids and positions must both be [num_tokens], got shapes "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.layers)} layers")
-        m = attn_metadata
         cos, sin = self._rope(positions)
-        plan = None  # the first layer validates; the others share its checks (same shapes, same metadata)
-
-        def paged(key_cache, value_cache, q, k, v):  # [num_tokens, heads, head_dim] each
-            nonlocal plan
-            args = (key_cache, value_cache, m.block_table, m.seq_lens, m.query_start_loc, self.scale)
-            if kernel_backend != "torch":  # the kernels and their references take dense tensors
-                k, v, q = k.contiguous(), v.contiguous(), q.contiguous()
-            if kernel_backend == "torch-ref":  # the references, request by request, every layer
-                write(k, v, key_cache, value_cache, m.slot_mapping)
-                return attend(q, *args)
-            if kernel_backend == "torch":  # the whole batch at once (paged_attention.py), strided views welcome
-                if plan is None:  # the reference write validates the slot mapping, on dense copies
-                    write(k.contiguous(), v.contiguous(), key_cache, value_cache, m.slot_mapping)
-                    plan = plan_batch(m, key_cache.shape[0], key_cache.shape[1], q.shape[0])
-                else:
-                    write_kv(k, v, key_cache, value_cache, plan)
-                return batched_paged_attention(q, key_cache, value_cache, plan, self.scale)
-            if plan is None:
-                write(k, v, key_cache, value_cache, m.slot_mapping)  # validates the slot mapping
-                plan = validated_plan(q, *args)
-            else:
-                launch_reshape_and_cache(k, v, key_cache, value_cache, m.slot_mapping)
-            return launch_planned(plan, q, *args)
-
+        c = self.config  # every layer's caches have one shape: one plan serves them all
+        plan = backend.build(attn_metadata, *kv_caches[0], (input_ids.shape[0], c.num_attention_heads, c.head_dim),
+                             self.scale)
         x = self.embed_tokens(input_ids)
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, partial(paged, key_cache, value_cache))
+            x = layer(x, cos, sin, partial(backend.forward, plan, key_cache, value_cache))
         return self.norm(x)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,11 @@
-"""Paged attention for the whole batch at once in PyTorch: the model's CPU path.
+"""The attention backends, and paged attention for the whole batch at once in PyTorch (the CPU's path).
+
+``attention_backend(name)`` turns the user's ``kernel_backend`` choice into
+one object, once: ``TritonBackend`` (the kernels), ``TorchBackend`` (the
+batched PyTorch path below) or ``ReferenceBackend`` (the kernels'
+references). ``Model.forward`` asks it for a plan once per step and runs
+every layer through it; the worker takes its slot mapping and block copies
+from the same object.
 
 The reference ``kernels.paged_attention_ref`` gathers and attends request by
 request (a Python loop per layer) and expands K/V for grouped-query heads
@@ -28,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from ..common import cdiv
 
-__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv"]
+__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv", "check_slot_mapping", "StepPlan",
+           "AttentionBackend", "TritonBackend", "TorchBackend", "ReferenceBackend", "attention_backend"]
 
 
 @dataclass
@@ -101,3 +109,148 @@ def batched_paged_attention(q, key_cache, value_cache, plan: BatchPlan, scale: f
                                          enable_gqa=heads != keys.shape[1])
     out = out.transpose(1, 2).flatten(0, 1)  # [reqs * max_query_len, heads, dim]
     return out if plan.query_index is None else out.index_select(0, plan.query_index)
+
+
+# ------------------------------------------------------------------ backends
+def check_slot_mapping(slot_mapping: torch.Tensor, num_tokens: int, key_cache: torch.Tensor) -> None:
+    """The step's slots, checked once for every layer, by ``reshape_and_cache``'s rules.
+
+    int64, one per token, each a slot of the cache or -1 (padding), no slot
+    twice (two tokens would race for it). A refusal names the value and
+    happens before any layer writes.
+    """
+    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64:
+        raise TypeError(f"slot_mapping must be an int64 tensor, got {getattr(slot_mapping, 'dtype', slot_mapping)}")
+    if slot_mapping.shape != (num_tokens,):
+        raise ValueError(
+            f"slot_mapping must have one slot per token ({num_tokens}), got shape {tuple(slot_mapping.shape)}")
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    bad = (slot_mapping < -1) | (slot_mapping >= num_slots)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise IndexError(f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside the cache's {num_slots} slots "
+                         f"({key_cache.shape[0]} blocks x {key_cache.shape[1]}); -1 marks padding")
+    real = slot_mapping[slot_mapping >= 0]
+    if real.numel() != torch.unique(real).numel():
+        values, counts = torch.unique(real, return_counts=True)
+        raise ValueError(f"slot {int(values[counts > 1][0])} appears more than once in slot_mapping: "
+                         "two tokens would race for it")
+
+
+@dataclass
+class StepPlan:
+    """What ``AttentionBackend.build`` hands every layer of one step."""
+
+    meta: object  # the step's AttentionMetadata
+    scale: float
+    attention: object = None  # the backend's own plan (kernels.attention.AttentionPlan, or a BatchPlan)
+
+
+class AttentionBackend:
+    """How the model writes and reads the paged cache: chosen once, by ``attention_backend(name)``.
+
+    * ``build(meta, key_cache, value_cache, q_shape, scale) -> plan``, once per
+      step, before the first layer: checks the step's metadata (slot range and
+      uniqueness, block ids, lengths) and plans what every layer shares;
+    * ``forward(plan, key_cache, value_cache, q, k, v) -> out``, every layer:
+      writes this step's K/V into their slots (``reshape_and_cache``), then
+      attends through the block table (``paged_attention``), with no further
+      check and no host round trip;
+    * ``slot_mapping(block_table, num_reqs, req_indices, positions, block_size)``
+      and ``copy_blocks(kv_caches, block_pairs)``: what the worker computes and
+      copies with, from the same family of kernels.
+    """
+
+    name = ""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels  # the pagedkv.kernels package (loaded on first use: it imports Triton)
+
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+        raise NotImplementedError
+
+    def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
+        raise NotImplementedError
+
+    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
+        """Slots of this step's tokens, by the PyTorch reference (the Triton backend launches the kernel)."""
+        return self.kernels.compute_slot_mapping_ref(block_table.get_device_tensor(num_reqs), req_indices,
+                                                     positions, block_size)
+
+    def copy_blocks(self, kv_caches, block_pairs) -> None:
+        """Copy-on-write copies, every layer, by the PyTorch reference (the Triton backend launches the kernel)."""
+        self.kernels.copy_blocks_ref(kv_caches, block_pairs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class TritonBackend(AttentionBackend):
+    """The Triton kernels of chapters 5-7: compiled on a GPU, interpreted on a CPU."""
+
+    name = "triton"
+
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+        check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
+        # validated_plan reads q's shape, dtype and device only: an empty tensor stands in.
+        q = torch.empty(q_shape, dtype=key_cache.dtype, device=key_cache.device)
+        attention = self.kernels.attention.validated_plan(q, key_cache, value_cache, meta.block_table,
+                                                          meta.seq_lens, meta.query_start_loc, scale)
+        return StepPlan(meta, scale, attention)
+
+    def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
+        m = plan.meta  # the kernels take dense tensors
+        self.kernels.kv_write.launch_reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
+                                                       m.slot_mapping)
+        return self.kernels.attention.launch_planned(plan.attention, q.contiguous(), key_cache, value_cache,
+                                                     m.block_table, m.seq_lens, m.query_start_loc, plan.scale)
+
+    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
+        return block_table.compute_slot_mapping(req_indices, positions, block_size)
+
+    def copy_blocks(self, kv_caches, block_pairs) -> None:
+        self.kernels.copy_blocks(kv_caches, block_pairs)
+
+
+class TorchBackend(AttentionBackend):
+    """The whole batch at once in PyTorch (this module's plan): the CPU's path."""
+
+    name = "torch"
+
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+        check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
+        return StepPlan(meta, scale, plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0]))
+
+    def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
+        write_kv(k, v, key_cache, value_cache, plan.attention)  # strided views welcome
+        return batched_paged_attention(q, key_cache, value_cache, plan.attention, plan.scale)
+
+
+class ReferenceBackend(AttentionBackend):
+    """The kernels' PyTorch references, request by request, each call checked: what the others are tested against."""
+
+    name = "torch-ref"
+
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+        return StepPlan(meta, scale)  # every layer's reference call checks its own arguments
+
+    def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
+        m = plan.meta
+        self.kernels.reshape_and_cache_ref(k.contiguous(), v.contiguous(), key_cache, value_cache, m.slot_mapping)
+        return self.kernels.paged_attention_ref(q.contiguous(), key_cache, value_cache, m.block_table, m.seq_lens,
+                                                m.query_start_loc, plan.scale)
+
+
+_BACKENDS = {b.name: b for b in (TritonBackend, TorchBackend, ReferenceBackend)}
+
+
+def attention_backend(kernel_backend: "str | AttentionBackend") -> AttentionBackend:
+    """The backend a ``kernel_backend`` name chooses ("triton", "torch", "torch-ref"); a backend passes through."""
+    if isinstance(kernel_backend, AttentionBackend):
+        return kernel_backend
+    if kernel_backend not in _BACKENDS:
+        raise ValueError(f"kernel_backend must be 'triton', 'torch' or 'torch-ref', got {kernel_backend!r}")
+    from .. import kernels  # here, not at the top: it loads Triton, which pagedkv.model's config users never need
+    from ..kernels import attention, kv_write  # noqa: F401  -- kernels.attention, kernels.kv_write
+
+    return _BACKENDS[kernel_backend](kernels)
