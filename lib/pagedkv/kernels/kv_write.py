@@ -22,7 +22,8 @@ import triton.language as tl
 from .._device import require_kernel_device  # also fixes the Triton mode before @triton.jit
 from .tensor_checks import check_tensor_args
 
-__all__ = ["reshape_and_cache", "reshape_and_cache_flash", "reshape_and_cache_ref", "launch_reshape_and_cache", "KV_DTYPES"]
+__all__ = ["reshape_and_cache", "reshape_and_cache_flash", "reshape_and_cache_ref", "launch_reshape_and_cache",
+           "check_slot_mapping", "KV_DTYPES"]
 
 KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -80,13 +81,22 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
             "key, value and both caches must share one dtype, got "
             f"{key.dtype}, {value.dtype}, {key_cache.dtype}, {value_cache.dtype}"
         )
-    if slot_mapping.dtype != torch.int64:
-        raise TypeError(f"slot_mapping must be int64, got dtype {slot_mapping.dtype}")
-    if slot_mapping.shape != (key.shape[0],):
-        raise ValueError(
-            f"slot_mapping must have one slot per token ({key.shape[0]}), got shape {tuple(slot_mapping.shape)}"
-        )
+    check_slot_mapping(slot_mapping, key.shape[0], key_cache)
 
+
+def check_slot_mapping(slot_mapping, num_tokens: int, key_cache: torch.Tensor) -> None:
+    """The slot rules the kernel trusts: int64, one per token, each a slot of the cache or -1, none twice.
+
+    ``reshape_and_cache`` checks them on every call; a model step checks them
+    once for all its layers (``pagedkv.model.paged_attention``), before any
+    layer writes. A refusal names the value.
+    """
+    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64:
+        raise TypeError(f"slot_mapping must be an int64 tensor, got {getattr(slot_mapping, 'dtype', slot_mapping)}")
+    if slot_mapping.shape != (num_tokens,):
+        raise ValueError(
+            f"slot_mapping must have one slot per token ({num_tokens}), got shape {tuple(slot_mapping.shape)}"
+        )
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     bad = (slot_mapping < -1) | (slot_mapping >= num_slots)
     if bool(bad.any()):
@@ -96,7 +106,7 @@ def _validate(key, value, key_cache, value_cache, slot_mapping) -> None:
             f"({key_cache.shape[0]} blocks x {key_cache.shape[1]}); -1 marks padding"
         )
     real = slot_mapping[slot_mapping >= 0]
-    if real.numel() != torch.unique(real).numel():
+    if real.numel() != torch.unique(real).numel():  # two tokens would race for one slot
         values, counts = torch.unique(real, return_counts=True)
         dup = int(values[counts > 1][0])
         raise ValueError(f"slot {dup} appears more than once in slot_mapping: two tokens would race for it")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from ..common import cdiv
 
-__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv", "check_slot_mapping", "StepPlan",
+__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv", "StepPlan",
            "AttentionBackend", "TritonBackend", "TorchBackend", "ReferenceBackend", "attention_backend"]
 
 
@@ -112,31 +112,6 @@ def batched_paged_attention(q, key_cache, value_cache, plan: BatchPlan, scale: f
 
 
 # ------------------------------------------------------------------ backends
-def check_slot_mapping(slot_mapping: torch.Tensor, num_tokens: int, key_cache: torch.Tensor) -> None:
-    """The step's slots, checked once for every layer, by ``reshape_and_cache``'s rules.
-
-    int64, one per token, each a slot of the cache or -1 (padding), no slot
-    twice (two tokens would race for it). A refusal names the value and
-    happens before any layer writes.
-    """
-    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64:
-        raise TypeError(f"slot_mapping must be an int64 tensor, got {getattr(slot_mapping, 'dtype', slot_mapping)}")
-    if slot_mapping.shape != (num_tokens,):
-        raise ValueError(
-            f"slot_mapping must have one slot per token ({num_tokens}), got shape {tuple(slot_mapping.shape)}")
-    num_slots = key_cache.shape[0] * key_cache.shape[1]
-    bad = (slot_mapping < -1) | (slot_mapping >= num_slots)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise IndexError(f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside the cache's {num_slots} slots "
-                         f"({key_cache.shape[0]} blocks x {key_cache.shape[1]}); -1 marks padding")
-    real = slot_mapping[slot_mapping >= 0]
-    if real.numel() != torch.unique(real).numel():
-        values, counts = torch.unique(real, return_counts=True)
-        raise ValueError(f"slot {int(values[counts > 1][0])} appears more than once in slot_mapping: "
-                         "two tokens would race for it")
-
-
 @dataclass
 class StepPlan:
     """What ``AttentionBackend.build`` hands every layer of one step."""
@@ -191,7 +166,7 @@ class TritonBackend(AttentionBackend):
     name = "triton"
 
     def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
-        check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
+        self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
         # validated_plan reads q's shape, dtype and device only: an empty tensor stands in.
         q = torch.empty(q_shape, dtype=key_cache.dtype, device=key_cache.device)
         attention = self.kernels.attention.validated_plan(q, key_cache, value_cache, meta.block_table,
@@ -218,7 +193,7 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
-        check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
+        self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
         return StepPlan(meta, scale, plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0]))
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
