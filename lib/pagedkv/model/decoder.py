@@ -214,10 +214,11 @@ class Model(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def _rope(self, positions: torch.Tensor):
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos and sin of every position's angles, ``[..., head_dim]``: computed in fp32, then rounded to ``dtype``."""
         freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One zeroed (key_cache, value_cache) per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
@@ -243,11 +244,11 @@ class Model(nn.Module):
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.layers)} layers")
-        cos, sin = self._rope(positions)
         c = self.config  # every layer's caches have one shape: one plan serves them all
         plan = backend.build(attn_metadata, *kv_caches[0], (input_ids.shape[0], c.num_attention_heads, c.head_dim),
                              self.scale)
         x = self.embed_tokens(input_ids)
+        cos, sin = self._rope(positions, x.dtype)
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, partial(backend.forward, plan, key_cache, value_cache))
         return self.norm(x)
@@ -266,7 +267,7 @@ class Model(nn.Module):
             bad = int(input_ids[(input_ids < 0) | (input_ids >= vocab)][0])
             raise ValueError(f"input_ids holds {bad}, which is not a token id of the model (0..{vocab - 1})")
         group = self.config.num_attention_heads // self.config.num_key_value_heads
-        cos, sin = self._rope(torch.arange(input_ids.shape[1], device=input_ids.device))
+        cos, sin = self._rope(torch.arange(input_ids.shape[1], device=input_ids.device), self.dtype)
 
         def causal(q, k, v):  # [batch, seq, heads, head_dim]; SDPA wants heads before seq
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))

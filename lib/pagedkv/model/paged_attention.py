@@ -31,11 +31,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
 from ..common import cdiv
 
-__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "write_kv", "StepPlan",
+__all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "StepPlan",
            "AttentionBackend", "TritonBackend", "TorchBackend", "ReferenceBackend", "attention_backend"]
 
 
@@ -82,15 +84,6 @@ def plan_batch(meta, num_blocks: int, block_size: int, num_tokens: int) -> Batch
     return BatchPlan(num_reqs, max_q, block_ids, mask.unsqueeze(1), query_index,
                      meta.slot_mapping if all_real else meta.slot_mapping[real],
                      None if all_real else real.nonzero().squeeze(1))
-
-
-def write_kv(k, v, key_cache, value_cache, plan: BatchPlan) -> None:
-    """This step's K/V into their slots (the slot mapping was validated once, by the first layer)."""
-    if plan.write_index is not None:
-        k, v = k.index_select(0, plan.write_index), v.index_select(0, plan.write_index)
-    heads, dim = k.shape[1:]
-    key_cache.view(-1, heads, dim).index_copy_(0, plan.write_slots, k)
-    value_cache.view(-1, heads, dim).index_copy_(0, plan.write_slots, v)
 
 
 def batched_paged_attention(q, key_cache, value_cache, plan: BatchPlan, scale: float) -> torch.Tensor:
@@ -148,7 +141,7 @@ class AttentionBackend:
         raise NotImplementedError
 
     def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
-        """Slots of this step's tokens, by the PyTorch reference (the Triton backend launches the kernel)."""
+        """Slots of this step's tokens, by the kernels' PyTorch reference (each backend below has its own)."""
         return self.kernels.compute_slot_mapping_ref(block_table.get_device_tensor(num_reqs), req_indices,
                                                      positions, block_size)
 
@@ -196,9 +189,31 @@ class TorchBackend(AttentionBackend):
         self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
         return StepPlan(meta, scale, plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0]))
 
+    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
+        """The slot formula on the host's copy of the table, in numpy, as vLLM's CPU runner computes it.
+
+        The worker builds ``req_indices`` and ``positions`` itself (no padding
+        rows), so only the one thing that could still go wrong is checked: a
+        position beyond its row's blocks, which would read a stale cell.
+        ``build`` then checks the slots themselves, once per step.
+        """
+        req, pos = np.asarray(req_indices, dtype=np.int64), np.asarray(positions, dtype=np.int64)
+        cols = pos // block_size
+        beyond = (req < 0) | (cols >= block_table.num_blocks_per_row[req.clip(0)])
+        if beyond.any():
+            i = int(beyond.nonzero()[0][0])
+            raise IndexError(f"token {i} (row {req[i]}, position {pos[i]}) lies beyond its row's "
+                             f"{block_table.num_blocks_per_row[max(req[i], 0)]} blocks of {block_size}")
+        return torch.from_numpy(block_table.np[req, cols].astype(np.int64) * block_size + pos % block_size)
+
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
-        write_kv(k, v, key_cache, value_cache, plan.attention)  # strided views welcome
-        return batched_paged_attention(q, key_cache, value_cache, plan.attention, plan.scale)
+        batch = plan.attention
+        if batch.write_index is not None:  # padding tokens write nothing
+            k, v = k.index_select(0, batch.write_index), v.index_select(0, batch.write_index)
+        heads, dim = k.shape[1:]  # this step's K/V into their slots (strided views welcome)
+        key_cache.view(-1, heads, dim).index_copy_(0, batch.write_slots, k)
+        value_cache.view(-1, heads, dim).index_copy_(0, batch.write_slots, v)
+        return batched_paged_attention(q, key_cache, value_cache, batch, plan.scale)
 
 
 class ReferenceBackend(AttentionBackend):
