@@ -198,6 +198,26 @@ def test_a_bad_slot_mapping_is_refused_before_any_layer_writes(backend):
         model(torch.tensor([1, 2, 3], device=dev), torch.arange(3, device=dev), caches, meta, kernel_backend=chosen)
     assert not any(kc.any() or vc.any() for kc, vc in caches)
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_every_backend_computes_the_references_slots(backend):
+    """The worker's slot mapping, by each backend, equals the kernels' reference; a position past its row is refused."""
+    from pagedkv.block_table import BlockTable
+    from pagedkv.kernels import compute_slot_mapping_ref
+    from pagedkv.model.paged_attention import attention_backend
+
+    table = BlockTable(max_num_reqs=3, max_num_blocks_per_req=4, device=pagedkv.default_device())
+    table.add_row([5, 2], 0)
+    table.add_row([7], 1)
+    table.commit(2)
+    req, pos = [0, 0, 0, 1, 1], [0, 4, 7, 1, 3]
+    chosen = attention_backend(backend)
+    got = chosen.slot_mapping(table, 2, req, pos, 4)
+    want = compute_slot_mapping_ref(table.get_device_tensor(2), req, pos, 4)
+    assert got.tolist() == want.tolist() == [20, 8, 11, 29, 31]
+    with pytest.raises(IndexError, match=r"position(s\[4\] = | )4"):  # row 1 holds one block: positions 0..3
+        chosen.slot_mapping(table, 2, [0, 0, 0, 1, 1], [0, 4, 7, 1, 4], 4)
+
+
 def test_presets():
     tiny = ModelConfig.preset("tiny")
     assert tiny.num_attention_heads // tiny.num_key_value_heads > 1  # GQA
