@@ -42,7 +42,8 @@ def _slot_mapping_kernel(
     offsets = pid * TOKENS_PER_PROGRAM + tl.arange(0, TOKENS_PER_PROGRAM)
     in_range = offsets < num_tokens
 
-    req = tl.load(req_indices_ptr + offsets, mask=in_range, other=-1).to(tl.int64)
+    req = tl.load(req_indices_ptr + offsets, mask=in_range, other=-1)
+    req = req.to(tl.int64)
     pos = tl.load(positions_ptr + offsets, mask=in_range, other=0).to(tl.int64)
     is_real = req >= 0  # padding tokens never touch the table
 
@@ -51,7 +52,9 @@ def _slot_mapping_kernel(
         block_table_ptr + req * row_stride + block_col,
         mask=in_range & is_real,
         other=0,
-    ).to(tl.int64)  # int64 before the multiply: block * block_size can pass 2**31
+    )
+    # int64 before the multiply: block * block_size can pass 2**31
+    block_number = block_number.to(tl.int64)
     slot = block_number * block_size + pos % block_size
     slot = tl.where(is_real, slot, -1)
     tl.store(slot_mapping_ptr + offsets, slot, mask=in_range)
