@@ -56,8 +56,9 @@ def main(argv: list[str]) -> int:
 
     print(pagedkv.device_summary())
     if not pagedkv.on_gpu():
-        print("These bandwidth figures need a GPU: on a CPU the kernel runs in Triton's interpreter,")
-        print("whose speed says nothing about a GPU. No GB/s are reported here.")
+        print("These bandwidth figures need a GPU: on a CPU the kernel runs in")
+        print("Triton's interpreter, whose speed says nothing about a GPU.")
+        print("No GB/s are reported here.")
         verdict = "matches" if _interpreter_check() else "DOES NOT match"
         print(f"interpreter check: copy_blocks {verdict} its reference")
         return 0 if verdict == "matches" else 1

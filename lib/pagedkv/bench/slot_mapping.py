@@ -59,8 +59,9 @@ def main(argv: list[str]) -> int:
 
     print(pagedkv.device_summary())
     if not pagedkv.on_gpu():
-        print("These bandwidth figures need a GPU: on a CPU the kernels run in Triton's interpreter,")
-        print("whose speed says nothing about a GPU. No GB/s are reported here.")
+        print("These bandwidth figures need a GPU: on a CPU the kernels run in")
+        print("Triton's interpreter, whose speed says nothing about a GPU.")
+        print("No GB/s are reported here.")
         verdict = "match" if _interpreter_check() else "DO NOT match"
         print(f"interpreter check: slot mapping and KV write {verdict} their references")
         return 0 if verdict == "match" else 1
