@@ -89,6 +89,17 @@ def test_stub_says_not_implemented_in_exactly_one_line(capsys):
         assert str(report) == out.strip()
 
 
+def test_a_long_line_wraps_to_the_column_and_keeps_long_words_whole():
+    from pagedkv.checks._harness import PropertyResult
+
+    detail = "the pool holds " + ", ".join(str(i) for i in range(40)) + " and " + "x" * 90
+    lines = PropertyResult("pool", False, detail).line().split("\n")
+    assert lines[0].startswith("\u274c pool -- the pool holds 0, 1,") and len(lines) > 2
+    assert all(len(line) <= 79 for line in lines[:-1]) and lines[-1] == "   " + "x" * 90
+    assert all(line.startswith("   ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == "\u274c pool -- " + detail
+
+
 def pool_with(pool_fn=None, div=None):
     def fn(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
         pool = (pool_fn or (lambda T, u, w, n: T * 2**20 * u - (w + n) * 2**30))(

@@ -24,12 +24,32 @@ import contextlib
 import math
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 PASS, FAIL = "\u2705", "\u274c"  # the two marks a reader scans for
+COLUMN = 79  # characters in a line of the book's column
+
+
+def fit_column(text: str, width: int = COLUMN) -> str:
+    """``text`` with every line longer than ``width`` wrapped at spaces, continued 3 columns in.
+
+    A checker's line is printed into a notebook, then into the book's column:
+    wrapped here, it never makes a reader scroll sideways. A word longer than
+    the line (a long value) is left whole.
+    """
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 3)
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False))
+    return "\n".join(out)
 
 
 class CheckTimeout(BaseException):
@@ -60,7 +80,7 @@ class PropertyResult:
 
     def line(self) -> str:
         mark = PASS if self.passed else FAIL
-        return f"{mark} {self.name}" + ("" if self.passed else f" -- {self.detail}")
+        return fit_column(f"{mark} {self.name}" + ("" if self.passed else f" -- {self.detail}"))
 
 
 @dataclass
@@ -87,7 +107,7 @@ class CheckReport:
 
     def __str__(self) -> str:
         if self.stub:
-            return f"{FAIL} {self.title}: {NOT_IMPLEMENTED}"
+            return fit_column(f"{FAIL} {self.title}: {NOT_IMPLEMENTED}")
         return "\n".join([*(r.line() for r in self.results), self.summary()])
 
     def __repr__(self) -> str:
@@ -178,7 +198,7 @@ class _time_limit:
         return False
 
 
-NOT_IMPLEMENTED = "not implemented yet (the stub still raises NotImplementedError)"
+NOT_IMPLEMENTED = "not implemented yet (it raises NotImplementedError)"
 
 
 def _describe(exc: BaseException) -> str:
@@ -238,7 +258,7 @@ class Checker:
             self.report.results.append(result)
             self.report.stub = True
             if self.verbose:
-                print(f"{FAIL} {self.report.title}: {NOT_IMPLEMENTED}")
+                print(fit_column(f"{FAIL} {self.report.title}: {NOT_IMPLEMENTED}"))
             raise _Stub from None
         except CheckTimeout as exc:  # every property will say so, at once
             self.hung = str(exc)

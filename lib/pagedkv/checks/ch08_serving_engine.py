@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from ..engine import EngineArgs, EngineRequest, LLMEngine, RequestStatus, Scheduler, preempt_last_running
 from ..kv_cache_manager import KVCacheManager
-from ._harness import FAIL, Checker, CheckReport, PropertyResult, one_thread
+from ._harness import FAIL, Checker, CheckReport, PropertyResult, fit_column, one_thread
 from ..common import cdiv
 
 from .ch08_engine_tasks import (  # noqa: E402 -- exercise 8's later tasks
@@ -509,7 +509,7 @@ def check_preemption_loop(allocate_with_preemption, seed: int = 0, timeout: floa
     c = Checker("preemption loop", timeout=timeout, verbose=False)
     if _is_library_loop(fn):
         c.report.results.append(PropertyResult(c.report.title, False, LIBRARY_LOOP))
-        print(f"{FAIL} {c.report.title}: {LIBRARY_LOOP}")
+        print(fit_column(f"{FAIL} {c.report.title}: {LIBRARY_LOOP}"))
         return c.report
 
     def prop(name, body) -> bool:
