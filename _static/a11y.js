@@ -11,6 +11,10 @@
      DPUB role "doc-biblioentry", which ARIA 1.2 deprecates; assistive
      technology (and axe) then sees the entries' links as the list's children.
      Each entry becomes a "listitem".
+   - Landmarks: the primary sidebar holds the book's title link and the search
+     button above its "Main" navigation, outside any landmark, so a screen
+     reader's landmark list skips them. The sidebar becomes a navigation
+     landmark of its own, named "Book".
    - Keyboard: a pool picture scrolls sideways inside its box where the column
      is narrower than the picture (a phone, see custom.css). Such a box, and
      only then, joins the Tab order (a scrolling box must be reachable to be
@@ -26,6 +30,11 @@
     document.querySelectorAll('[role="list"] > [role="doc-biblioentry"]').forEach(function (el) {
       el.setAttribute('role', 'listitem');
     });
+    var sidebar = document.getElementById('pst-primary-sidebar');
+    if (sidebar && !sidebar.hasAttribute('role')) {
+      sidebar.setAttribute('role', 'navigation');
+      sidebar.setAttribute('aria-label', 'Book');
+    }
   }
   function scrollers() {
     document.querySelectorAll('.pagedkv-pool').forEach(function (el) {
