@@ -254,8 +254,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.last_scheduler_output = out
-        if out.is_empty and not self.scheduler.running and not out.preempted_req_ids:
-            head = self.scheduler.waiting.peek()
+        if out.total_num_scheduled_tokens == 0 and not self.scheduler.running and not out.preempted_req_ids:
+            head = self.scheduler.waiting[0]
             raise RuntimeError(
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
                 f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "

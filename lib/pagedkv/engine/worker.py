@@ -121,7 +121,7 @@ class Worker:
         from ..model import AttentionMetadata
 
         self._update_rows(out)
-        if out.is_empty:
+        if out.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput()
         self.block_table.commit(self.num_reqs)
         backend = self.attention_backend
