@@ -241,7 +241,7 @@ class LLMEngine:
                 floor = request.min_tokens_text_len(decode)
                 text = text[:find_stop(text, request.stop_reason, floor)]
         return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
-                             request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids),
+                             request.status.value if request.status.is_finished else None, text, request.stop_reason, list(request.prompt_token_ids),
                              logprobs=None if request.logprobs is None else list(request.logprobs),
                              cumulative_logprob=request.cumulative_logprob)
 
