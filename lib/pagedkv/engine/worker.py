@@ -3,15 +3,15 @@
 Per step, from the scheduler's decisions:
 
 1. **Rows.** Each running request owns one row of the ``BlockTable``; rows
-   stay dense (``0..num_reqs-1``). A request that leaves gives its row to the
-   last row's request (``move_row``), as vLLM's ``InputBatch.condense`` does:
-   a preempted one when the step that preempted it runs, a finished or
-   aborted one at once (the engine calls ``remove_requests``, so that between
-   steps the table holds exactly the running requests; vLLM's runner waits
-   for the next step's ``finished_req_ids``). A request entering gets the
-   next row with its whole block list (``add_row``); a running one only
-   appends the blocks it got this step (``append_row``): the table is
-   append-only.
+   stay dense (``0..num_reqs-1``). A request that leaves (finished, aborted,
+   preempted) gives its row to the last row's request (``move_row``), as
+   vLLM's ``InputBatch.condense`` does. The worker drops the rows of the
+   step's ``finished_req_ids`` and ``preempted_req_ids``, as vLLM's runner
+   does; the engine drops a finished or aborted request's row earlier, as
+   soon as it finishes, so that between steps the table holds the running
+   requests. A request entering gets the next row with its whole block list
+   (``add_row``); a running one only appends the blocks it got this step
+   (``append_row``): the table is append-only.
 2. **Copies.** Pending copy-on-write pairs run before the forward pass reads
    the cache (``copy_blocks``); the engine acknowledges them after the step.
 3. **Inputs.** Token ids and positions of every scheduled token, grouped by
@@ -105,11 +105,12 @@ class Worker:
             self.req_ids.pop()
 
     def _update_rows(self, out: SchedulerOutput) -> None:
-        """Preempted requests leave; new and resumed ones get a row; running ones append their new blocks.
+        """Finished and preempted requests leave; new and resumed ones get a row; running ones append blocks.
 
-        Finished and aborted requests are gone already: the engine removed
-        their rows when they finished.
+        Under ``LLMEngine`` the finished ones have left already (see the
+        module docstring); a worker fed ``SchedulerOutput``s alone needs this.
         """
+        self.remove_requests(out.finished_req_ids)
         self.remove_requests(out.preempted_req_ids)
         for rid in out.num_scheduled_tokens:
             ids = out.new_block_ids.get(rid, [])
