@@ -88,7 +88,7 @@ class EngineRequest(Request):
         if sampling_params.stop and detokenize is None:
             raise ValueError("stop strings need a tokenizer to read the text; give stop_token_ids instead")
         self.sampling_params = sampling_params
-        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)  # an attribute, as in vLLM: the prompt never changes
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_ids = frozenset(eos_token_ids)
         # What min_tokens masks: the stop ids and EOS, even with ignore_eos (vLLM adds EOS to

@@ -202,8 +202,8 @@ class Worker:
         """One token per row of ``logits`` (modified in place), row ``i`` for ``reqs[i]``.
 
         First the ``min_tokens`` mask: a row whose request has generated fewer
-        than ``min_tokens`` cannot draw EOS or a stop token, so their logits
-        become -inf, one scatter for all rows (the loop runs over requests and
+        than ``min_tokens`` cannot draw EOS or a stop token, whose logits become
+        -inf, one scatter for all such rows (the loop runs over requests and
         their few stop ids, never over the vocabulary). Then argmax when every
         row is greedy; otherwise the parameters go to the device as ``[batch]``
         tensors and one op chain samples.
