@@ -32,6 +32,9 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
   of step time (vLLM: seconds between log lines, wall time).
 - When some running requests sit a step out, the worker hands the attention
   kernel only the scheduled rows of the block table (vLLM passes every row).
+- A finished or aborted request's block-table row goes as soon as it
+  finishes (vLLM's runner drops it at the next step, from
+  ``finished_req_ids``), so between steps the table holds the running requests.
 - An aborted request's final output (``finish_reason="abort"``) arrives with
   the next ``step()``.
 - ``LLMEngine.add_request`` and ``LLMEngine.generate`` without

@@ -110,17 +110,6 @@ class LLMEngine:
         self._child_of: dict[str, tuple[ParentRequest, int]] = {}
 
     # ----------------------------------------------------------------- requests
-    def _encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise TypeError("a text prompt needs a tokenizer; pass token ids or LLMEngine(..., tokenizer=...)")
-            return list(self.tokenizer.encode(prompt).ids)
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
-            raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
-        return check_token_ids(prompt, "prompt", self.model.config.vocab_size)
-
     def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False,
                     sampling_params: SamplingParams | None = None) -> None:
         """Queue a request. Bad input raises (TypeError/ValueError) and leaves the engine untouched.
@@ -143,7 +132,7 @@ class LLMEngine:
         self._enqueue(request_id, token_ids, params)
 
     def _prepare(self, prompt, sampling_params, max_tokens, ignore_eos) -> tuple[list[int], SamplingParams]:
-        """Every check of one prompt and its parameters, and its tokens: ``(token_ids, params)``.
+        """One prompt's token ids (text is encoded) and parameters, every check passed: ``(token_ids, params)``.
 
         Changes nothing: the caller enqueues only once every prompt it was
         given passed. Without ``max_tokens`` the length cap is
@@ -151,7 +140,16 @@ class LLMEngine:
         (``sampling_params.min_tokens > sampling_params.max_tokens``,
         ``v1/engine/input_processor.py:477-486``).
         """
-        token_ids = self._encode(prompt)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("a text prompt needs a tokenizer; pass token ids or LLMEngine(..., tokenizer=...)")
+            token_ids = list(self.tokenizer.encode(prompt).ids)
+        else:
+            if isinstance(prompt, torch.Tensor):
+                prompt = prompt.tolist()
+            if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
+                raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
+            token_ids = check_token_ids(prompt, "prompt", self.model.config.vocab_size)
         if sampling_params is None:  # LLMEngine's default: greedy
             check_int(max_tokens, "max_tokens", 1)
             check_bool(ignore_eos, "ignore_eos")
@@ -206,24 +204,7 @@ class LLMEngine:
         for rid in ids:
             request = self.scheduler.abort_request(rid)
             self.worker.remove_requests([rid])
-            self._pending_outputs.extend(self._gather([self._output(request, [])]))
-
-    def _gather(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Pass outputs of n = 1 requests through; hold children's until their parent's aggregate is ready."""
-        gathered = []
-        for o in outputs:
-            child = self._child_of.get(o.request_id)
-            if child is None:
-                gathered.append(o)
-                continue
-            parent, index = child
-            aggregate = parent.add_output(index, o)
-            if aggregate is not None:  # the last child finished: forget the family
-                gathered.append(aggregate)
-                del self._parents[parent.request_id]
-                for rid in parent.child_ids:
-                    del self._child_of[rid]
-        return gathered
+            self._pending_outputs.extend(self._outputs([request], new_token=False))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -231,45 +212,73 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.requests)
 
-    def _output(self, request: EngineRequest, new: list[int]) -> RequestOutput:
-        tokens = list(request.output_token_ids)
-        text = None
-        if self.tokenizer is not None:
-            decode = partial(self.tokenizer.decode, skip_special_tokens=request.sampling_params.skip_special_tokens)
-            text = decode(tokens)
-            if isinstance(request.stop_reason, str):  # the output ends before the stop string
-                floor = request.min_tokens_text_len(decode)
-                text = text[:find_stop(text, request.stop_reason, floor)]
-        return RequestOutput(request.request_id, new, tokens, request.status.is_finished,
-                             request.finish_reason, text, request.stop_reason, list(request.prompt_token_ids),
-                             logprobs=None if request.logprobs is None else list(request.logprobs),
-                             cumulative_logprob=request.cumulative_logprob)
+    def _outputs(self, requests: list[EngineRequest], new_token: bool = True) -> list[RequestOutput]:
+        """A ``RequestOutput`` for each request (``new_token``: its last token came this step).
+
+        A child of an ``n > 1`` request reports nothing itself: its final
+        output goes to its ``ParentRequest``, and when the last child has
+        finished the parent's one aggregated output takes its place.
+        """
+        outputs = []
+        for request in requests:
+            tokens = list(request.output_token_ids)
+            text = None
+            if self.tokenizer is not None:
+                decode = partial(self.tokenizer.decode,
+                                 skip_special_tokens=request.sampling_params.skip_special_tokens)
+                text = decode(tokens)
+                if isinstance(request.stop_reason, str):  # the output ends before the stop string
+                    text = text[:find_stop(text, request.stop_reason, request.min_tokens_text_len(decode))]
+            finished = request.status.is_finished
+            output = RequestOutput(request.request_id, tokens[-1:] if new_token else [], tokens, finished,
+                                   request.status.value if finished else None, text, request.stop_reason,
+                                   list(request.prompt_token_ids),
+                                   logprobs=None if request.logprobs is None else list(request.logprobs),
+                                   cumulative_logprob=request.cumulative_logprob)
+            child = self._child_of.get(request.request_id)
+            if child is None:
+                outputs.append(output)
+                continue
+            parent, index = child
+            aggregate = parent.add_output(index, output)
+            if aggregate is not None:  # the last child finished: forget the family
+                outputs.append(aggregate)
+                del self._parents[parent.request_id]
+                for rid in parent.child_ids:
+                    del self._child_of[rid]
+        return outputs
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one forward pass; outputs of every request that got a token (or was aborted)."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        if not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.requests:  # nothing unfinished
             return outputs
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.last_scheduler_output = out
-        if out.is_empty and not self.scheduler.running and not out.preempted_req_ids:
-            head = self.scheduler.waiting.peek()
+        if out.total_num_scheduled_tokens == 0 and not self.scheduler.running and not out.preempted_req_ids:
+            head = self.scheduler.waiting[0]
             raise RuntimeError(
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
                 f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "
                 f"{self.kv_cache_manager.watermark_blocks} blocks. Lower the watermark or enlarge the pool.")
+        # For the stats, counted before a finished request leaves scheduler.requests: a decode is one
+        # token of a running request past its prompt; every other token is prompt (or recomputation).
+        num_decode_tokens = sum(
+            1 for rid in out.scheduled_running_reqs
+            if out.num_scheduled_tokens[rid] == 1
+            and out.num_computed_tokens[rid] >= self.scheduler.requests[rid].num_prompt_tokens)
         model_runner_output = self.worker.execute_model(out, self.scheduler.requests)
         if out.cow_pairs:  # the step has run: the copies' extra references can go
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
-        num_prompt_tokens = self._prompt_tokens(out)  # before finished requests leave scheduler.requests
         progressed = self.scheduler.update_from_output(
             out, model_runner_output, None if self.tokenizer is None else self._decode_token)
+        # A finished request's row goes now, so that between steps the table holds the running requests.
         self.worker.remove_requests([r.request_id for r in progressed if r.status.is_finished])
-        outputs.extend(self._gather([self._output(r, [r.output_token_ids[-1]]) for r in progressed]))
-        self._stats.record_step(num_prompt_tokens, len(progressed), len(out.preempted_req_ids),
-                                time.perf_counter() - t0)
+        outputs.extend(self._outputs(progressed))
+        self._stats.record_step(out.total_num_scheduled_tokens - num_decode_tokens, len(progressed),
+                                len(out.preempted_req_ids), time.perf_counter() - t0)
         for listener in list(self._listeners):
             listener(self, out, outputs)
         n = self.args.log_stats_interval
@@ -279,15 +288,6 @@ class LLMEngine:
 
     def _decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def _prompt_tokens(self, out: SchedulerOutput) -> int:
-        """Tokens computed in prefill (or recomputation) this step: all but the decode tokens."""
-        decode = 0
-        for rid in out.scheduled_running_reqs:
-            req = self.scheduler.requests[rid]
-            if out.num_scheduled_tokens[rid] == 1 and out.num_computed_tokens[rid] >= req.num_prompt_tokens:
-                decode += 1
-        return out.total_num_scheduled_tokens - decode
 
     def generate(self, prompts: Sequence, max_tokens: int = 16, ignore_eos: bool = False,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:

@@ -42,7 +42,10 @@ def find_stop(text: str, stop: str, floor: int) -> int:
 
 
 class RequestStatus(enum.Enum):
-    """vLLM V1's request states (``vllm/v1/request.py``), the ones this engine uses."""
+    """vLLM V1's request states (``vllm/v1/request.py``), the ones this engine uses.
+
+    A finished state's value is the ``finish_reason`` its output reports.
+    """
 
     WAITING = "waiting"
     RUNNING = "running"
@@ -85,6 +88,7 @@ class EngineRequest(Request):
         if sampling_params.stop and detokenize is None:
             raise ValueError("stop strings need a tokenizer to read the text; give stop_token_ids instead")
         self.sampling_params = sampling_params
+        self.num_prompt_tokens = len(self.prompt_token_ids)  # an attribute, as in vLLM: the prompt never changes
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_ids = frozenset(eos_token_ids)
         # What min_tokens masks: the stop ids and EOS, even with ignore_eos (vLLM adds EOS to
@@ -106,20 +110,6 @@ class EngineRequest(Request):
         """True once the request has a finished status, whatever stopped it (EOS, a stop rule, a
         length cap, an abort); ``Request.is_finished`` knows only ``max_tokens``."""
         return self.status.is_finished
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def finish_reason(self) -> str | None:
-        """``"stop"``, ``"length"`` or ``"abort"`` once finished, else None."""
-        return self.status.value if self.status.is_finished else None
-
-    @property
-    def needs_min_tokens_mask(self) -> bool:
-        """True while the next token must not be EOS or a stop token (fewer than ``min_tokens`` generated)."""
-        return self.num_output_tokens < self.sampling_params.min_tokens
 
     def min_tokens_text_len(self, decode: Callable[[list[int]], str]) -> int:
         """Length of the text of the first ``min_tokens`` tokens (0 without min_tokens): a stop string ends after it."""

@@ -29,9 +29,9 @@ executes and a chapter can print.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from ..common import require
 from ..free_queue import KVCacheBlock
@@ -68,50 +68,30 @@ def preempt_last_running(scheduler: "Scheduler", request: EngineRequest,
             return None
 
 
-class WaitingQueue:
-    """The waiting queue: FIFO, with O(1) prepend (preemption) and O(1) removal (abort).
+class WaitingQueue(deque):
+    """The waiting queue, first come first served: vLLM's ``FCFSRequestQueue``, a ``deque``.
 
-    An ordered dict keyed by request id: ``append`` and ``prepend`` place a
-    request at either end, ``peek``/``popleft`` read the front, ``remove``
-    takes one out wherever it is (vLLM's ``RequestQueue``, without scanning).
+    The deque's own methods do the scheduling: ``append`` queues a new
+    request, ``appendleft`` puts a preempted one back at the front,
+    ``self[0]`` is the next to admit and ``popleft`` admits it. What a deque
+    lacks is added by request id: ``remove(request_id)`` takes a request out
+    wherever it is (abort; a scan, as vLLM's ``remove_request``), and
+    ``request_id in queue`` asks whether one waits.
     """
 
-    def __init__(self) -> None:
-        self._q: OrderedDict[str, EngineRequest] = OrderedDict()
-
-    def append(self, request: EngineRequest) -> None:
-        self._q[request.request_id] = request
-
-    def prepend(self, request: EngineRequest) -> None:
-        self._q[request.request_id] = request
-        self._q.move_to_end(request.request_id, last=False)
-
-    def peek(self) -> EngineRequest:
-        return next(iter(self._q.values()))
-
-    def popleft(self) -> EngineRequest:
-        return self._q.popitem(last=False)[1]
-
     def remove(self, request_id: str) -> EngineRequest:
-        return self._q.pop(request_id)
+        """Take out the request with this id (``KeyError`` if none waits) and return it."""
+        for request in self:
+            if request.request_id == request_id:
+                super().remove(request)
+                return request
+        raise KeyError(f"request {request_id!r} is not waiting")
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._q
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __bool__(self) -> bool:
-        return bool(self._q)
-
-    def __iter__(self) -> Iterator[EngineRequest]:
-        return iter(list(self._q.values()))
-
-    def __getitem__(self, index: int) -> EngineRequest:
-        return list(self._q.values())[index]
+        return any(r.request_id == request_id for r in self)
 
     def __repr__(self) -> str:
-        return f"WaitingQueue({list(self._q)})"
+        return f"WaitingQueue({[r.request_id for r in self]})"
 
 
 @dataclass
@@ -141,6 +121,8 @@ class SchedulerOutput:
         scheduled_running_reqs: requests that were running and got tokens.
         num_scheduled_tokens: request id -> tokens computed this step; running
             requests first, in running order, then the admitted ones.
+        total_num_scheduled_tokens: their sum, set by ``schedule`` (0: nothing
+            runs this step).
         num_computed_tokens: request id -> tokens already in the cache when the
             step starts (its first position this step; prefix hits included).
         num_prefix_hit_tokens: admitted request id -> tokens served by the
@@ -158,20 +140,13 @@ class SchedulerOutput:
     scheduled_resumed_reqs: list[str] = field(default_factory=list)
     scheduled_running_reqs: list[str] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
     num_computed_tokens: dict[str, int] = field(default_factory=dict)
     num_prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)
     cow_pairs: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.num_scheduled_tokens
 
     def decisions(self) -> tuple:
         """The decisions alone, comparable across implementations (the checker compares these)."""
@@ -281,14 +256,19 @@ class Scheduler:
                            "already aborted)")
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-            self.kv_cache_manager.free(request)
         else:
             self.waiting.remove(request_id)
         request.status = RequestStatus.FINISHED_ABORTED
-        self._finish(request)
+        self._free_request(request)
         return request
 
-    def _finish(self, request: EngineRequest) -> None:
+    def _free_request(self, request: EngineRequest) -> None:
+        """A finished request (its status already says so) gives back its blocks and leaves ``requests``.
+
+        It is out of ``running`` and ``waiting`` already; the next
+        ``SchedulerOutput`` lists it in ``finished_req_ids``.
+        """
+        self.kv_cache_manager.free(request)  # a request that holds no blocks frees nothing
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
 
@@ -329,7 +309,7 @@ class Scheduler:
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.prepend(victim)
+        self.waiting.appendleft(victim)
         if out is not None:
             out.preempted_req_ids.append(rid)
 
@@ -347,6 +327,7 @@ class Scheduler:
                 self._schedule_waiting(out)
         finally:
             self._out = None
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         out.cow_pairs = self.kv_cache_manager.take_pending_copies()
         return out
 
@@ -377,7 +358,7 @@ class Scheduler:
         while self.waiting and self._token_budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
-            request = self.waiting.peek()
+            request = self.waiting[0]
             hit_blocks, num_hit = manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit
             if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
@@ -430,8 +411,7 @@ class Scheduler:
                 request.append_logprobs(token, *logprobs[rid], decode_token)
             progressed.append(request)
             if request.check_stop(self.max_model_len):
-                self.kv_cache_manager.free(request)
-                self._finish(request)
+                self._free_request(request)
                 finished.add(id(request))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]

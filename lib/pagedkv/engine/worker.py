@@ -5,9 +5,13 @@ Per step, from the scheduler's decisions:
 1. **Rows.** Each running request owns one row of the ``BlockTable``; rows
    stay dense (``0..num_reqs-1``). A request that leaves (finished, aborted,
    preempted) gives its row to the last row's request (``move_row``), as
-   vLLM's ``InputBatch.condense`` does. A request entering gets the next row
-   with its whole block list (``add_row``); a running one only appends the
-   blocks it got this step (``append_row``): the table is append-only.
+   vLLM's ``InputBatch.condense`` does. The worker drops the rows of the
+   step's ``finished_req_ids`` and ``preempted_req_ids``, as vLLM's runner
+   does; the engine drops a finished or aborted request's row earlier, as
+   soon as it finishes, so that between steps the table holds the running
+   requests. A request entering gets the next row with its whole block list
+   (``add_row``); a running one only appends the blocks it got this step
+   (``append_row``): the table is append-only.
 2. **Copies.** Pending copy-on-write pairs run before the forward pass reads
    the cache (``copy_blocks``); the engine acknowledges them after the step.
 3. **Inputs.** Token ids and positions of every scheduled token, grouped by
@@ -101,6 +105,11 @@ class Worker:
             self.req_ids.pop()
 
     def _update_rows(self, out: SchedulerOutput) -> None:
+        """Finished and preempted requests leave; new and resumed ones get a row; running ones append blocks.
+
+        Under ``LLMEngine`` the finished ones have left already (see the
+        module docstring); a worker fed ``SchedulerOutput``s alone needs this.
+        """
         self.remove_requests(out.finished_req_ids)
         self.remove_requests(out.preempted_req_ids)
         for rid in out.num_scheduled_tokens:
@@ -121,9 +130,10 @@ class Worker:
         from ..model import AttentionMetadata
 
         self._update_rows(out)
-        if out.is_empty:
+        if out.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput()
-        self.block_table.commit(self.num_reqs)
+        num_reqs = len(self.req_ids)  # rows 0..num_reqs-1 are in use
+        self.block_table.commit(num_reqs)
         backend = self.attention_backend
         if out.cow_pairs:  # before anything reads the cache
             backend.copy_blocks(self.kv_caches, out.cow_pairs)
@@ -143,8 +153,7 @@ class Worker:
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens)
         req_indices = np.repeat(rows, q_lens)
 
-        slot_mapping = backend.slot_mapping(self.block_table, self.num_reqs, req_indices, positions,
-                                            self.block_size)
+        slot_mapping = backend.slot_mapping(self.block_table, num_reqs, req_indices, positions, self.block_size)
         if np.array_equal(rows, np.arange(len(sched))):
             table = self.block_table.get_device_tensor(len(sched))
         else:  # some running requests sit this step out: gather the scheduled rows
@@ -172,25 +181,9 @@ class Worker:
         # Raw logits of the rows that want logprobs, copied before the min_tokens mask touches them.
         want = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
         raw = logits.index_select(0, torch.tensor(want, device=dev)) if want else None
-        self._mask_min_tokens(logits, reqs)
         sampled = self._sample(logits, reqs)
         logprobs = self._logprobs(raw, sampled, [reqs[i] for i in want], want) if want else {}
         return ModelRunnerOutput({sched[i]: t for i, t in zip(done, sampled.tolist())}, logprobs)
-
-    @staticmethod
-    def _mask_min_tokens(logits: torch.Tensor, reqs: list[EngineRequest]) -> None:
-        """Rows short of ``min_tokens`` cannot draw EOS or a stop token: one scatter of -inf for all of them.
-
-        The loop runs over requests and their few stop ids, never over the vocabulary.
-        """
-        rows, ids = [], []
-        vocab = logits.shape[-1]
-        for i, r in enumerate(reqs):
-            if r.needs_min_tokens_mask:
-                stop = [t for t in r.all_stop_token_ids if 0 <= t < vocab]
-                rows += [i] * len(stop)
-                ids += stop
-        mask_tokens(logits, rows, ids)
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, sampled: torch.Tensor, reqs: list[EngineRequest],
@@ -206,7 +199,24 @@ class Worker:
                 for j, (r, k) in enumerate(zip(reqs, ks))}
 
     def _sample(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
-        """One token per row: the parameters go to the device as ``[batch]`` tensors, one op chain samples."""
+        """One token per row of ``logits`` (modified in place), row ``i`` for ``reqs[i]``.
+
+        First the ``min_tokens`` mask: a row whose request has generated fewer
+        than ``min_tokens`` cannot draw EOS or a stop token, whose logits become
+        -inf, one scatter for all such rows (the loop runs over requests and
+        their few stop ids, never over the vocabulary). Then argmax when every
+        row is greedy; otherwise the parameters go to the device as ``[batch]``
+        tensors and one op chain samples.
+        """
+        vocab = logits.shape[-1]
+        rows, ids = [], []
+        for i, r in enumerate(reqs):
+            if r.num_output_tokens < r.sampling_params.min_tokens:
+                stop = [t for t in r.all_stop_token_ids if 0 <= t < vocab]
+                rows += [i] * len(stop)
+                ids += stop
+        if rows:
+            mask_tokens(logits, rows, ids)
         params = [r.sampling_params for r in reqs]
         if all(p.greedy for p in params):
             return torch.argmax(logits, dim=-1)
@@ -217,7 +227,7 @@ class Worker:
 
         return sample(logits, column([p.temperature for p in params], torch.float32),
                       column([p.top_p for p in params], torch.float32),
-                      column([min(p.top_k, logits.shape[-1]) for p in params], torch.int64),  # fits int64
+                      column([min(p.top_k, vocab) for p in params], torch.int64),  # fits int64
                       column([p.min_p for p in params], torch.float32),
                       column([r.seed % (1 << 63) for r in reqs], torch.int64),
                       column([r.num_output_tokens for r in reqs], torch.int64))
