@@ -330,13 +330,8 @@ class BlockPool(EventSource):
 
     # -- prefix cache ------------------------------------------------------
 
-    def cache_full_blocks(
-        self,
-        blocks: Sequence[KVCacheBlock],
-        block_hashes: Sequence[BlockHash],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-    ) -> None:
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
         """Enter one request's newly full blocks into the prefix cache.
 
         ``blocks`` is the request's block list, ``block_hashes`` its chained
@@ -360,35 +355,15 @@ class BlockPool(EventSource):
         num_cached_blocks = check_int(num_cached_blocks, "num_cached_blocks", 0)
         num_full_blocks = check_int(num_full_blocks, "num_full_blocks", 0)
         if num_cached_blocks > num_full_blocks:
-            raise ValueError(
-                f"num_cached_blocks={num_cached_blocks} exceeds num_full_blocks={num_full_blocks}"
-            )
+            raise ValueError(f"num_cached_blocks={num_cached_blocks} exceeds num_full_blocks={num_full_blocks}")
         if num_full_blocks > len(blocks) or num_full_blocks > len(block_hashes):
-            raise ValueError(
-                f"num_full_blocks={num_full_blocks} exceeds len(blocks)={len(blocks)} "
-                f"or len(block_hashes)={len(block_hashes)}"
-            )
+            raise ValueError(f"num_full_blocks={num_full_blocks} exceeds len(blocks)={len(blocks)} "
+                             f"or len(block_hashes)={len(block_hashes)}")
         if not self.enable_caching:
             return
-        todo = self._blocks_to_cache(blocks, block_hashes, range(num_cached_blocks, num_full_blocks))
-        table = self.cached_block_hash_to_block
-        for block, block_hash in todo:
-            block.block_hash = block_hash
-            same_hash = table.get(block_hash)
-            if same_hash is None:
-                table[block_hash] = {block.block_id: block}
-            else:
-                same_hash[block.block_id] = block
-        if self._listeners and todo:
-            self._emit(PoolEvent("cache", tuple(b.block_id for b, _ in todo)))
-
-    def _blocks_to_cache(
-        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash], span: range
-    ) -> list[tuple[KVCacheBlock, BlockHash]]:
-        """Validate ``blocks[i]``/``block_hashes[i]`` for ``i`` in ``span``; the pairs still to hash."""
-        todo: list[tuple[KVCacheBlock, BlockHash]] = []
+        todo: list[tuple[KVCacheBlock, BlockHash]] = []  # validated first: a refusal changes nothing
         seen: set[int] = set()
-        for i in span:
+        for i in range(num_cached_blocks, num_full_blocks):
             block, block_hash = blocks[i], block_hashes[i]
             if not isinstance(block, KVCacheBlock):
                 raise TypeError(f"blocks[{i}] is {type(block).__name__} {block!r}, not a KVCacheBlock")
@@ -399,22 +374,23 @@ class BlockPool(EventSource):
             if isinstance(block_hash, bool) or not isinstance(block_hash, (bytes, int)):
                 raise TypeError(f"block_hashes[{i}] = {block_hash!r} is not a bytes or int hash")
             if block.ref_cnt <= 0:
-                raise ValueError(
-                    f"blocks[{i}] (block {block.block_id}) has ref_cnt {block.ref_cnt}: "
-                    "only blocks a request holds can be cached"
-                )
+                raise ValueError(f"blocks[{i}] (block {block.block_id}) has ref_cnt {block.ref_cnt}: "
+                                 "only blocks a request holds can be cached")
             if block.block_id in seen:
-                raise ValueError(f"block {block.block_id} appears twice in blocks[{span.start}:{span.stop}]")
+                raise ValueError(f"block {block.block_id} appears twice in "
+                                 f"blocks[{num_cached_blocks}:{num_full_blocks}]")
             seen.add(block.block_id)
             if block.block_hash is not None:
                 if block.block_hash != block_hash:
-                    raise ValueError(
-                        f"blocks[{i}] (block {block.block_id}) already holds a different hash "
-                        f"than block_hashes[{i}]"
-                    )
+                    raise ValueError(f"blocks[{i}] (block {block.block_id}) already holds a different hash "
+                                     f"than block_hashes[{i}]")
                 continue  # already cached under this hash: a prefix hit
             todo.append((block, block_hash))
-        return todo
+        for block, block_hash in todo:
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
+        if self._listeners and todo:
+            self._emit(PoolEvent("cache", tuple(b.block_id for b, _ in todo)))
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block cached under ``block_hash`` (the first cached, if several), or None.

@@ -91,45 +91,49 @@ class BlockTable:
             raise IndexError(f"{name} {row_idx} is not a row of the table (rows 0..{self.max_num_reqs - 1})")
         return int(row_idx)
 
-    @staticmethod
-    def _block_ids(block_ids: Sequence[int]) -> np.ndarray:
+    # -- scheduler-facing edits (staging only; call commit() to publish) --------------------
+    def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
+        """Append ``block_ids`` at the tail of row ``row_idx``; entries already there never move.
+
+        All ids are checked (a flat sequence of ints in ``0..2**31 - 1``) before
+        anything is written: a refused call changes nothing.
+        """
+        row = self._row(row_idx)
         ids = np.asarray(block_ids)
         if ids.size == 0:
-            return np.zeros(0, dtype=np.int32)
+            return
         if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
             raise TypeError(f"block_ids must be a flat sequence of ints, got {block_ids!r}")
         if ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
             bad = ids[(ids < 0) | (ids > np.iinfo(np.int32).max)][0]
             raise ValueError(f"block id {int(bad)} is not a valid block id (must be in 0..2**31 - 1)")
-        return ids.astype(np.int32)
-
-    # -- scheduler-facing edits (staging only; call commit() to publish) --------------------
-    def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
-        """Append ``block_ids`` at the tail of row ``row_idx``; entries already there never move."""
-        row = self._row(row_idx)
-        ids = self._block_ids(block_ids)
-        if ids.size == 0:
-            return
         start = int(self.num_blocks_per_row[row])
         end = start + ids.size
         if end > self.max_num_blocks_per_req:
             raise ValueError(
                 f"row {row} holds {start} blocks; appending {ids.size} would make {end}, "
-                f"past max_num_blocks_per_req = {self.max_num_blocks_per_req}"
+                f"past max_num_blocks_per_req = {self.max_num_blocks_per_req}" if start else
+                f"{ids.size} blocks do not fit a row of max_num_blocks_per_req = {self.max_num_blocks_per_req}"
             )
         self.np[row, start:end] = ids
         self.num_blocks_per_row[row] = end
 
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
-        """Give row ``row_idx`` to a new (or resumed) request: replace its contents with ``block_ids``."""
+        """Give row ``row_idx`` to a new (or resumed) request: replace its contents with ``block_ids``.
+
+        As vLLM does it: the row's length drops to 0 and ``append_row`` fills
+        it from column 0; then the cells past the new length are zeroed. A
+        refused ``append_row`` writes nothing, and the old length comes back.
+        """
         row = self._row(row_idx)
-        ids = self._block_ids(block_ids)
-        if ids.size > self.max_num_blocks_per_req:
-            raise ValueError(
-                f"{ids.size} blocks do not fit a row of max_num_blocks_per_req = {self.max_num_blocks_per_req}"
-            )
-        self.clear_row(row)
-        self.append_row(ids, row)
+        old = int(self.num_blocks_per_row[row])
+        self.num_blocks_per_row[row] = 0
+        try:
+            self.append_row(block_ids, row)
+        except BaseException:
+            self.num_blocks_per_row[row] = old  # refused: the row is as it was
+            raise
+        self.np[row, self.num_blocks_per_row[row]:old] = 0  # keep "cells past the length are 0"
 
     def clear_row(self, row_idx: int) -> None:
         """Empty row ``row_idx`` (its request finished or left the batch)."""

@@ -134,7 +134,10 @@ def hash_checked_block_tokens(parent_block_hash: bytes | None, tokens: list[int]
     payload = bytearray(b"pagedkv-block/v1")
     payload += NONE_HASH if parent_block_hash is None else bytes(parent_block_hash)
     payload += struct.pack(f"<I{len(tokens)}q", len(tokens), *tokens)
-    _encode_key(extra_keys, payload)
+    if extra_keys is None:  # the usual case: _encode_key's encoding of None
+        payload += b"N"
+    else:
+        _encode_key(extra_keys, payload)
     return hashlib.sha256(payload).digest()
 
 

@@ -172,44 +172,33 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table as block ids."""
-        return [b.block_id for b in self._blocks_of(request_id)]
+        if not isinstance(request_id, str):
+            raise TypeError(f"expected a request id, got {type(request_id).__name__} {request_id!r}")
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            raise KeyError(f"request {request_id!r} holds no blocks (never allocated, or already freed)")
+        return [b.block_id for b in blocks]
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
     # ------------------------------------------------------- prefix lookup
     def _bind(self, request: Request) -> None:
+        """Refuse what is not a ``Request``, and a ``Request`` whose id a *different* live one holds.
+
+        Then bind the request's prefix-match unit to ours on first contact (a
+        request built with another unit is refused there).
+        """
         if not isinstance(request, Request):
             raise TypeError(f"expected a Request, got {type(request).__name__} {request!r}")
-        self._check_holder(request)
-        request.bind_hash_block_size(self.hash_block_size)
-
-    def _check_holder(self, request: Request) -> None:
-        """Refuse a Request object whose id is held by a *different* live Request object."""
         holder = self._holders.get(request.request_id)
         if holder is not None and holder is not request:
             raise ValueError(
                 f"request id {request.request_id!r} is held by another live Request object "
                 f"({holder!r}); ids must be unique among live requests (free the other one first)"
             )
-
-    def _find_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest cached prefix, without touching anything."""
-        r, B, h = self.hashes_per_block, self.block_size, self.hash_block_size
-        max_hit = request.num_tokens - 1  # the last token is always recomputed
-        hashes = request.block_hashes
-        blocks: list[KVCacheBlock] = []
-        while (len(blocks) + 1) * B <= max_hit:
-            block = self.block_pool.get_cached_block(hashes[(len(blocks) + 1) * r - 1])
-            if block is None:
-                break
-            blocks.append(block)
-        num_tokens = len(blocks) * B
-        partial = self._partial_hit(request, len(blocks))
-        if partial is not None:
-            blocks.append(partial[0])
-            num_tokens += partial[1]
-        return blocks, num_tokens
+        if request.hash_block_size != self.hash_block_size:
+            request.bind_hash_block_size(self.hash_block_size)
 
     def _partial_hit(self, request: Request, num_full: int) -> tuple[KVCacheBlock, int] | None:
         """How a finer match unit extends a hit of ``num_full`` blocks into the next: the longest
@@ -236,7 +225,20 @@ class KVCacheManager:
             raise ValueError(f"request {request.request_id!r} already holds blocks; look up new requests only")
         if not self.enable_caching:
             return [], 0
-        blocks, num_tokens = self._find_hit(request)
+        r, B = self.hashes_per_block, self.block_size
+        hashes, max_hit = request.block_hashes, request.num_tokens - 1  # the last token is always recomputed
+        blocks: list[KVCacheBlock] = []
+        while (len(blocks) + 1) * B <= max_hit:
+            block = self.block_pool.get_cached_block(hashes[(len(blocks) + 1) * r - 1])
+            if block is None:
+                break
+            blocks.append(block)
+        num_tokens = len(blocks) * B
+        # A hit can end inside a block only when the match unit is finer than a block.
+        partial = self._partial_hit(request, len(blocks)) if r > 1 else None
+        if partial is not None:
+            blocks.append(partial[0])
+            num_tokens += partial[1]
         s = self._stats
         self._stats = PrefixCacheStats(s.requests + 1, s.queries + request.num_tokens, s.hits + num_tokens)
         return blocks, num_tokens
@@ -279,7 +281,7 @@ class KVCacheManager:
         Pool listeners are notified once the whole allocation is done.
         """
         self._bind(request)
-        B, h = self.block_size, self.hash_block_size
+        B, h, r = self.block_size, self.hash_block_size, self.hashes_per_block
         num_new_tokens = check_int(num_new_tokens, "num_new_tokens", 1)
         num_new_computed_tokens = check_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
         num_lookahead_tokens = check_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
@@ -298,9 +300,8 @@ class KVCacheManager:
         num_evictable_hits = sum(1 for b in hit if b.ref_cnt == 0)  # touching takes them off the queue
         # The watermark holds back an admission (a request with no blocks: vLLM's
         # WAITING or PREEMPTED) only while other requests are scheduled.
-        if has_scheduled_reqs is None:
-            others = len(self.req_to_blocks) - (1 if rid in self.req_to_blocks else 0)
-            has_scheduled_reqs = others > 0
+        if has_scheduled_reqs is None:  # as vLLM's scheduler computes it: another request holds blocks
+            has_scheduled_reqs = any(other != rid for other in self.req_to_blocks)
         watermark = self.watermark_blocks if not req_blocks and has_scheduled_reqs else 0
         if num_to_allocate + num_evictable_hits > self.block_pool.get_num_free_blocks() - watermark:
             return None
@@ -314,13 +315,22 @@ class KVCacheManager:
             req_blocks.extend(hit)
             self.num_cached_block.setdefault(rid, num_new_computed_tokens // B)
             self.num_partial_recorded.setdefault(rid, num_new_computed_tokens // h)
-            new_blocks = self._get_new_blocks(num_to_allocate)
+            new_blocks = self.block_pool.get_new_blocks(num_to_allocate)
+            for block in new_blocks:  # reuse evicts: the pool dropped full entries, we drop partial ones
+                for block_hash in self._partial_hashes_by_block.pop(block.block_id, ()):
+                    del self.partial_hash_to_block[block_hash]
             if partial_hit:  # the last hit block is shared and partly valid: a private copy
                 self.redirect_partial_hit(req_blocks, len(hit) - 1, new_blocks[0])
             req_blocks.extend(new_blocks[partial_hit:])
 
-            if self.enable_caching:
-                self._cache_filled_blocks(request, req_blocks, num_computed + num_new_tokens)
+            # Cache the blocks this step fills, as soon as it is scheduled (vLLM's cache_blocks).
+            num_full = (num_computed + num_new_tokens) // B
+            if self.enable_caching and num_full > self.num_cached_block[rid]:
+                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
+                                                  self.num_cached_block[rid], num_full)
+                self.num_cached_block[rid] = num_full
+            if self.enable_caching and r > 1:  # partial prefixes exist only with a finer match unit
+                self._record_partial_entries(request)
         return new_blocks
 
     def _check_allocation(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
@@ -350,23 +360,14 @@ class KVCacheManager:
         if hit:
             self._validate_hit(request, hit, num_new_computed_tokens)
 
-    def _cache_filled_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_done: int) -> None:
-        """Cache the blocks that ``num_done`` tokens fill, as soon as the step that fills them is scheduled."""
-        rid, r = request.request_id, self.hashes_per_block
-        num_full = min(num_done, request.num_tokens) // self.block_size
-        if num_full > self.num_cached_block[rid]:
-            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
-                                              self.num_cached_block[rid], num_full)
-            self.num_cached_block[rid] = num_full
-        self._record_partial_entries(request)
-
     def _validate_hit(self, request: Request, hit: list[KVCacheBlock], num_tokens: int) -> None:
         """A hit must still be what ``get_computed_blocks`` says now (nothing evicted in between).
 
         Checked block by block, without a second lookup: full block ``i`` is
         the block cached under this request's hash of its first ``i + 1``
-        blocks; a last, partial block is the longest partial entry past them
-        (a partial hit is used whole, and only while no longer hit exists).
+        blocks; a last, partial block is the longest partial entry past them.
+        A partial hit is used whole, and only while its block has not filled
+        and been cached in full since the lookup (a longer hit would exist).
         """
         r, B = self.hashes_per_block, self.block_size
         num_full, hashes = num_tokens // B, request.block_hashes
@@ -380,19 +381,13 @@ class KVCacheManager:
             raise ValueError(f"stale or foreign prefix hit for request {request.request_id!r}: "
                              f"blocks {[b.block_id for b in hit]} with {num_tokens} tokens are not cached for it")
         if partial is not None:
-            longest = num_full * B + partial[1]
             if (num_full + 1) * B < request.num_tokens and cached(hashes[(num_full + 1) * r - 1]) is not None:
-                longest = self._find_hit(request)[1]  # the block has filled since: a longer hit
+                raise ValueError(f"stale prefix hit for request {request.request_id!r}: its block {num_full} "
+                                 "has filled and been cached since the lookup (look the request up again)")
+            longest = num_full * B + partial[1]
             if longest != num_tokens:
                 raise ValueError(f"a partial hit must be used whole: request {request.request_id!r} hits "
                                  f"{longest} tokens, not {num_tokens}")
-
-    def _get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        blocks = self.block_pool.get_new_blocks(n)
-        for block in blocks:  # reuse evicts: the pool drops full entries, we drop partial ones
-            for block_hash in self._partial_hashes_by_block.pop(block.block_id, ()):
-                del self.partial_hash_to_block[block_hash]
-        return blocks
 
     def redirect_partial_hit(self, req_blocks: list[KVCacheBlock], block_idx: int, cow: KVCacheBlock) -> None:
         """Point ``req_blocks[block_idx]`` (shared, partly valid) at the fresh private ``cow`` block.
@@ -414,14 +409,13 @@ class KVCacheManager:
     def _record_partial_entries(self, request: Request) -> None:
         """Enter partial prefixes whose KV is computed (``request.num_computed_tokens``) into the cache.
 
-        One entry per hash block that ends inside a block. A block that is the
-        destination of an outstanding copy holds no valid KV until the copy is
-        acknowledged: stop there and retry next time.
+        One entry per hash block that ends inside a block, so only when the
+        match unit is finer than a block (the callers test it). A block that is
+        the destination of an outstanding copy holds no valid KV until the copy
+        is acknowledged: stop there and retry next time.
         """
         r, h = self.hashes_per_block, self.hash_block_size
         rid = request.request_id
-        if r == 1 or not self.enable_caching:
-            return
         blocks = self.req_to_blocks[rid]
         busy = {id(dst) for _, dst in self._pending_copies + self._inflight_copies}
         j = self.num_partial_recorded[rid]
@@ -482,18 +476,16 @@ class KVCacheManager:
         is a no-op, as in vLLM. A ``Request`` object whose id is held by a
         *different* live ``Request`` object is refused (``ValueError``).
         """
-        if isinstance(request, Request):
-            rid = request.request_id
-            self._check_holder(request)
-        else:
-            rid = request
-            if not isinstance(rid, str):
-                raise TypeError(f"expected a Request or a request id, got {type(rid).__name__} {rid!r}")
+        rid = request.request_id if isinstance(request, Request) else request
+        if not isinstance(rid, str):
+            raise TypeError(f"expected a Request or a request id, got {type(rid).__name__} {rid!r}")
         blocks = self.req_to_blocks.get(rid)
         if blocks is None:
             return
+        if isinstance(request, Request):
+            self._bind(request)  # refuses a different Request object under the holder's id
         with self.block_pool.deferred_events():
-            if isinstance(request, Request) and self.enable_caching:
+            if isinstance(request, Request) and self.enable_caching and self.hashes_per_block > 1:
                 self._record_partial_entries(request)
             del self.req_to_blocks[rid], self.num_cached_block[rid], self.num_partial_recorded[rid]
             del self._holders[rid]
@@ -509,14 +501,6 @@ class KVCacheManager:
         override it, and must leave the pool as this one does.
         """
         self.block_pool.free_blocks(reversed(req_blocks))
-
-    def _blocks_of(self, request_id) -> list[KVCacheBlock]:
-        if not isinstance(request_id, str):
-            raise TypeError(f"expected a Request or a request id, got {type(request_id).__name__} {request_id!r}")
-        try:
-            return self.req_to_blocks[request_id]
-        except KeyError:
-            raise KeyError(f"request {request_id!r} holds no blocks (never allocated, or already freed)") from None
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix, full and partial; refused (False) while any block is in use."""

@@ -41,10 +41,10 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt)
         self.num_computed_tokens = 0
+        self.hash_block_size: int | None = (None if hash_block_size is None
+                                            else check_int(hash_block_size, "hash_block_size", 1))
         self.block_hashes: list[BlockHash] = []
-        self.hash_block_size: int | None = None
-        if hash_block_size is not None:
-            self.bind_hash_block_size(hash_block_size)
+        self.update_block_hashes()
 
     @property
     def num_tokens(self) -> int:
@@ -69,7 +69,7 @@ class Request:
                                  f"not {hash_block_size}")
             return
         self.hash_block_size = hash_block_size
-        self._extend_hashes()
+        self.update_block_hashes()
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append sampled tokens (one int or a list); full hash blocks get their hash at once.
@@ -84,9 +84,10 @@ class Request:
                              f"max_tokens={self.max_tokens} (it has {self.num_output_tokens})")
         self.output_token_ids.extend(tokens)
         self.all_token_ids.extend(tokens)
-        self._extend_hashes()
+        self.update_block_hashes()
 
-    def _extend_hashes(self) -> None:
+    def update_block_hashes(self) -> None:
+        """Hash the full hash blocks not hashed yet (none until a ``hash_block_size`` is bound)."""
         h = self.hash_block_size
         if h is None:
             return

@@ -590,6 +590,28 @@ def test_partial_hit_must_be_used_whole():
     m.check()
 
 
+def test_a_partial_hit_whose_block_filled_since_the_lookup_is_refused():
+    m = KVCacheManager(num_blocks=20, block_size=8, hash_block_size=2)
+    a = Request("a", list(range(14)), max_tokens=8)
+    _run_prefill(m, a)
+    a.append_output_token_ids(0)
+    m.allocate_slots(a, 1)
+    a.num_computed_tokens += 1
+    b = Request("b", list(range(14)) + [0, 0, 5, 5], max_tokens=1)
+    blocks, n = m.get_computed_blocks(b)
+    assert n == 14 and len(blocks) == 2  # 8 full + 6 of a's block 1
+    a.append_output_token_ids(0)  # a's block 1 fills and is cached in full: b now hits 16 tokens
+    m.allocate_slots(a, 1)
+    a.num_computed_tokens += 1
+    before = snapshot(m)
+    with pytest.raises(ValueError, match="stale prefix hit for request 'b': its block 1 has filled"):
+        m.allocate_slots(b, b.num_tokens - n, n, blocks)
+    assert snapshot(m) == before
+    blocks, n = m.get_computed_blocks(b)  # looked up again: the longer hit
+    assert n == 16 and m.allocate_slots(b, b.num_tokens - n, n, blocks) is not None
+    m.check()
+
+
 def test_check_names_a_broken_reference_count():
     m = KVCacheManager(num_blocks=10, block_size=4)
     a = Request("a", list(range(6)), max_tokens=1)
