@@ -97,7 +97,8 @@ __all__ = [
     "split_rule",
     "choose_splits",
     "kernel_launches",
-    "launch_attention",
+    "validated_plan",
+    "launch_planned",
 ]
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -485,7 +486,7 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
                     *, interpreted: bool = INTERPRETED):
     """The launches of one planned call: ``[(kernel, grid, args, kwargs), ...]``, in order.
 
-    ``launch_attention`` runs exactly these; ``tools/compile_check.py`` compiles them
+    ``launch_planned`` runs exactly these; ``tools/compile_check.py`` compiles them
     ahead of time with Triton's own argument binder, so the check sees the
     specialisation a real launch gets (``interpreted=False``: the arguments of
     a compiled launch). Split-KV's fp32 scratch is allocated here.
@@ -517,16 +518,6 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
                  HEAD_DIM_P2=triton.next_power_of_2(head_dim)),
         ))
     return launches
-
-
-def launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan, out):
-    """Launch on validated tensors (the benchmark times this alone)."""
-    if plan.grid[0] == 0:  # no request has new tokens
-        return out
-    for kernel, grid, args, kwargs in kernel_launches(plan, q, key_cache, value_cache, block_table,
-                                                      seq_lens, query_start_loc, scale, out):
-        kernel[grid](*args, **kwargs)
-    return out
 
 
 def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
@@ -571,9 +562,14 @@ def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start
 
 
 def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
-    """``paged_attention`` for arguments already validated by ``validated_plan`` (same shapes)."""
-    return launch_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, plan,
-                            torch.empty_like(q))
+    """``paged_attention`` for arguments already validated by ``validated_plan`` (same shapes): the launches alone."""
+    out = torch.empty_like(q)
+    if plan.grid[0] == 0:  # no request has new tokens
+        return out
+    for kernel, grid, args, kwargs in kernel_launches(plan, q, key_cache, value_cache, block_table,
+                                                      seq_lens, query_start_loc, scale, out):
+        kernel[grid](*args, **kwargs)
+    return out
 
 
 # ----------------------------------------------------------------- references
