@@ -228,8 +228,8 @@ def check_free_blocks(free_blocks, free_request, seeds: int = 12,
                 manager_trial(manager, seed, diagnose=lambda: _diagnose_free(
                     free_blocks, free_request))
 
-        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
-               "library after every operation", trials,
+        c.prop(f"{seeds} random scheduler runs in KVCacheManager match the "
+               "library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_free(free_blocks, free_request))
     return c.report
@@ -327,7 +327,7 @@ def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
                               diagnose=lambda: _diagnose_touch(touch))
 
         c.prop(f"{seeds} random scheduler runs with prefix hits match the "
-               "library after every operation", trials,
+               "library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_touch(touch))
     return c.report
@@ -503,7 +503,7 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
                               diagnose=lambda: _diagnose_get(fn))
 
         c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
-               "the library after every operation", trials,
+               "the library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_get(fn))
     return c.report
@@ -627,8 +627,8 @@ def check_find_longest_cache_hit(find_longest_cache_hit, seeds: int = 12,
                     raise WrongAnswer(f"{what}: expected blocks {want}, got "
                                       f"{got}", _diagnose_hit(fn))
 
-        c.prop("the cached blocks of the longest prefix, stopping at the "
-               "first miss, capped at num_tokens - 1 tokens", fixed,
+        c.prop("blocks of the longest cached prefix: up to the first miss, "
+               "< num_tokens tokens", fixed,
                "for i, h in enumerate(block_hashes) while (i + 1) * "
                "block_size <= num_tokens - 1: pool.get_cached_block(h)",
                lambda: _diagnose_hit(fn))
@@ -650,7 +650,7 @@ def check_find_longest_cache_hit(find_longest_cache_hit, seeds: int = 12,
                               diagnose=lambda: _diagnose_hit(fn))
 
         c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
-               "the library after every operation", trials,
+               "the library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_hit(fn))
     return c.report

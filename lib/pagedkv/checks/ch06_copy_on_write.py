@@ -196,7 +196,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             for seed in range(seeds):
                 random_trial(cls, seed, n_ops)
 
-        c.prop(f"{seeds} seeds x {n_ops} random operations match a list oracle; check() holds after each",
+        c.prop(f"{seeds} seeds x {n_ops} random operations match a list oracle; check() always holds",
                randomized, "read the message: it names the seed, the operation and what differed")
     return c.report
 

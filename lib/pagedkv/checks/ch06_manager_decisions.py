@@ -160,8 +160,8 @@ def check_get_computed_blocks(fn, seeds: int = 12,
                                       f"{want[1]} tokens, got {got[0]} and "
                                       f"{got[1]}", _diagnose_lookup(fn))
 
-        c.prop("the longest cached prefix, stopping at the first miss, "
-               "capped at num_tokens - 1", fixed,
+        c.prop("the longest cached prefix, up to the first miss, capped at "
+               "num_tokens - 1", fixed,
                "walk request.block_hashes while (i + 1) * block_size <= "
                "num_tokens - 1; manager.block_pool.get_cached_block(h)",
                lambda: _diagnose_lookup(fn))
@@ -182,8 +182,8 @@ def check_get_computed_blocks(fn, seeds: int = 12,
                 manager_trial(_lookup_manager(fn), seed, aligned=True,
                               diagnose=lambda: _diagnose_lookup(fn))
 
-        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
-               "library after every operation", trials,
+        c.prop(f"{seeds} random scheduler runs in KVCacheManager match the "
+               "library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_lookup(fn))
     return c.report
@@ -330,8 +330,8 @@ def check_can_allocate(fn, seeds: int = 16, timeout: float = 30.0) -> CheckRepor
                 manager_trial(_capacity_manager(fn), seed,
                               diagnose=lambda: _diagnose_capacity(fn))
 
-        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match the "
-               "library after every operation", trials,
+        c.prop(f"{seeds} random scheduler runs in KVCacheManager match the "
+               "library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_capacity(fn))
     return c.report
@@ -432,8 +432,8 @@ def check_redirect_partial_hit(fn, seeds: int = 16,
                 manager_trial(manager, seed, aligned=False,
                               diagnose=lambda: _diagnose_cow(fn))
 
-        c.prop(f"{seeds} random scheduler runs with partial prefix hits match "
-               "the library after every operation", trials,
+        c.prop(f"{seeds} scheduler runs with partial prefix hits match "
+               "the library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_cow(fn))
     return c.report
