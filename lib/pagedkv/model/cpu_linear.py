@@ -89,11 +89,6 @@ class PackedLinear:
         outs = [F.linear(x, layer.weight, getattr(layer, "bias", None)) for layer in self.layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    def _applies(self, x: torch.Tensor) -> bool:
-        """Whether the copies compute this product (the module's first invariant)."""
-        return (_X86 and _packing_works is not False and not _plain_depth and not torch.is_grad_enabled()
-                and x.device.type == "cpu" and x.dtype == torch.float32 and self.layers[0].weight.dtype == x.dtype)
-
     def _refresh(self) -> None:
         """Drop the copies if a weight or bias was replaced or edited since they were made."""
         biases = [getattr(layer, "bias", None) for layer in self.layers]
@@ -111,7 +106,9 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         global _packing_works
-        if not self._applies(x):
+        # The copies compute this product only where the module's first invariant says so.
+        if not (_X86 and _packing_works is not False and not _plain_depth and not torch.is_grad_enabled()
+                and x.device.type == "cpu" and x.dtype == torch.float32 and self.layers[0].weight.dtype == x.dtype):
             return self._plain(x)
         self._refresh()
         if self.one_row_copy and x.numel() == x.shape[-1]:
