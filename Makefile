@@ -102,9 +102,12 @@ test-book: $(STAMP)
 # SITE_MODES: how a reader sees it (tools/site_check.py MODES): desktop
 # 1280x900, phone 390x844 (nothing may widen the page; views legible), dark
 # (the theme's dark mode: no light boxes, readable views), and phone-dark.
+# SITE_JOBS: browsers that share the pages (two: one per core of the CI machine).
 SITE_MODES ?= desktop phone dark
+SITE_JOBS ?= 2
 test-site: $(STAMP) $(NODE_STAMP)
-	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots --modes $(SITE_MODES)
+	$(PY) -m tools.site_check _build/html --screenshots _build/screenshots --modes $(SITE_MODES) \
+		--jobs $(SITE_JOBS)
 
 # The whole book as one PDF, offline: every page of the built site in _toc.yml
 # order on one page (scripts removed: explorables print their drawn figures,

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import concurrent.futures
 import functools
 import html.parser
 import http.server
@@ -924,7 +925,8 @@ def pages_of(root: Path) -> list[str]:
 
 def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[str] | None = None,
         binary: str | None = None, log=print, env: dict | None = None,
-        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8, axe: bool = False) -> list[PageResult]:
+        modes: Sequence[str] = ("desktop",), explorable_cases: int = 8, axe: bool = False,
+        jobs: int = 1) -> list[PageResult]:
     """Check every page under ``html_dir`` (or those whose path contains one of ``only``),
     once in each of ``modes`` (names in ``MODES``), and with ``axe`` also with axe-core
     (``find_axe``; its absence is an error then).
@@ -934,6 +936,10 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
     mode's at its top, the others' in a folder named after the mode). Each
     explorable is moved to ``explorable_cases`` settings in the first mode
     and to one in the others.
+
+    ``jobs`` browsers share the pages (every ``jobs``-th page each, in its own
+    thread: the browsers render in parallel while Python waits on them); the
+    results come back in page order within each mode, as with one browser.
     """
     root = Path(html_dir)
     pages = pages_of(root)
@@ -949,6 +955,26 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
                              "from package-lock.json")
         axe_source = path.read_text(encoding="utf-8")
     server = serve(root)
+    shards = [pages[j::jobs] for j in range(max(1, min(jobs, len(pages))))]
+    try:
+        if len(shards) == 1:
+            results = _check_pages(server, shards[0], modes, screenshots, explorable_cases, axe_source,
+                                   binary, env, log)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(len(shards)) as pool:
+                futures = [pool.submit(_check_pages, server, shard, modes, screenshots, explorable_cases,
+                                       axe_source, binary, env, log) for shard in shards]
+                results = [r for f in futures for r in f.result()]
+            order = {(m, p): k for k, (m, p) in enumerate((MODES[m].name, p) for m in modes for p in pages)}
+            results.sort(key=lambda r: order[(r.mode, r.page)])
+    finally:
+        server.close()
+    return results
+
+
+def _check_pages(server: Server, pages: list[str], modes: Sequence[str], screenshots, explorable_cases: int,
+                 axe_source: str | None, binary: str | None, env: dict | None, log) -> list[PageResult]:
+    """One browser checks ``pages`` in each of ``modes``, in order."""
     browser = Browser(binary, env=env)
     results = []
     try:
@@ -972,7 +998,6 @@ def run(html_dir: str | Path, screenshots: str | Path | None = None, only: list[
                         + "".join(f"\n     {kind}: {detail}" for kind, detail in res.problems))
     finally:
         browser.close()
-        server.close()
     return results
 
 
@@ -990,9 +1015,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="how a reader sees the site (default: all)")
     parser.add_argument("--no-expect", action="store_true", help="do not require the book's views to be found")
     parser.add_argument("--no-axe", action="store_true", help="do not run axe-core's accessibility rules")
+    parser.add_argument("--jobs", type=int, default=1, help="browsers that share the pages (default 1)")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes, axe=not args.no_axe)
+    results = run(args.html_dir, args.screenshots, args.only, modes=args.modes, axe=not args.no_axe,
+                  jobs=args.jobs)
     failed = [r for r in results if not r.ok]
     first = [r for r in results if r.mode == args.modes[0]]
     totals = {k: sum(r.counts.get(k, 0) for r in first) for k in ("pool", "table", "replay", "figure",

@@ -89,6 +89,18 @@ def test_a_broken_page_fails_with_the_page_and_the_reason(tmp_path):
 
 
 @needs_chromium
+def test_two_browsers_share_the_pages_and_report_as_one(tmp_path):
+    pages = {f"p{i}.html": f"<p>page {i}</p>" for i in range(5)}
+    pages["p3.html"] = "<img src='missing.png' alt='lost'>"
+    site = write_site(tmp_path / "site", pages)
+    one = run(site, None, log=None, env=bare_fonts(tmp_path))
+    two = run(site, None, log=None, env=bare_fonts(tmp_path), jobs=2)
+    assert [r.page for r in two] == [r.page for r in one] == sorted(pages)  # page order, whoever checked it
+    assert [[k for k, _ in r.problems] for r in two] == [[k for k, _ in r.problems] for r in one]
+    assert [r.ok for r in two] == [p != "p3.html" for p in sorted(pages)]
+
+
+@needs_chromium
 def test_the_sites_stylesheet_wraps_outputs_scales_views_and_colours_the_marks(tmp_path):
     """The book's _static/custom.css on a fake page: the fixes hold in a browser with no emoji font."""
     site = tmp_path / "site"
