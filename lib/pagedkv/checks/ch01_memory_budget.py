@@ -206,7 +206,7 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
             compare((79.65 * 1024, 0.92, 14.96, 6.0, llama, 16, 2), 26_786,
                     "blocks when the total is the rounded 79.65 GiB")
 
-        c.prop("feeding the rounded 79.65 GiB gives 26,786 (the extra 2.6 MiB crosses a block)", rounded_total,
+        c.prop("the rounded 79.65 GiB gives 26,786 (its extra 2.6 MiB crosses a block)", rounded_total,
                "do not round the total before dividing; convert MiB and GiB with powers of 2")
 
         def block_sizes():
@@ -310,8 +310,8 @@ def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
                         budget.kv_bytes_per_token("Llama-3.1-8B", "bf16", tp),
                         f"Llama-3.1-8B in bf16 at tensor_parallel_size={tp}")
 
-        c.prop("Llama-3.1-8B's 8 KV heads split over 1, 2, 4, 8 ranks: "
-               "128, 64, 32, 16 KiB per token per rank", split,
+        c.prop("Llama-3.1-8B on 1, 2, 4, 8 ranks: 128, 64, 32, 16 KiB per "
+               "token per rank", split,
                "each rank stores num_kv_heads / tensor_parallel_size heads "
                "of every layer")
 
@@ -455,8 +455,8 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
             compare((pinned, llama, 16, 2), 32_752,
                     "num_gpu_blocks_override=2048, Llama-3.1-8B, blocks of 16")
 
-        c.prop("2,048 pinned blocks of 16 admit one request of 32,752 "
-               "tokens (the null block held back)", override,
+        c.prop("2,048 pinned blocks of 16 admit 32,752 tokens (the null "
+               "block held back)", override,
                "how many of the 2,048 blocks can hold a token?")
 
         def startup_check():
@@ -483,8 +483,8 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
                             "longest", got, args, STARTUP_MISTAKES, fn,
                             probes)
 
-        c.prop("budget.check_enough_kv_cache_memory admits your length and "
-               "refuses one token more", startup_check,
+        c.prop("check_enough_kv_cache_memory admits your length, refuses "
+               "one token more", startup_check,
                "usable blocks = whole blocks in the pool, less the null "
                "block; each holds block_size tokens")
 
@@ -515,8 +515,8 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
                         f"{m.num_kv_heads} KV heads, head_dim {m.head_dim}, "
                         f"pool {pool:,.0f} B, block {B}, {db} B")
 
-        c.prop(f"{cases} random pools, models, block sizes and dtypes match "
-               "an exact-arithmetic oracle", randomized,
+        c.prop(f"{cases} random pools, models, block sizes, dtypes match an "
+               "exact oracle", randomized,
                "(pool // bytes of one block across all layers - 1) x "
                "block_size, and never below 0")
     return c.report

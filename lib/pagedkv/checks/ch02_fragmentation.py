@@ -460,8 +460,8 @@ def _check_policy_trace(fn, winner: str, timeout: float) -> CheckReport:
             holes, _ = _replay_policy(trace, winner)
             got["holes"] = holes
 
-        c.prop("(capacity, layout, frees, requests) replays: the layout fits "
-               "the pool, the frees name its extents", well_formed,
+        c.prop("(capacity, layout, frees, requests) replays: layout fits, "
+               "frees name extents", well_formed,
                "layout and requests are sizes in slots; frees are indices "
                "into layout")
 

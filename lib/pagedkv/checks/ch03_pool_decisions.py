@@ -185,8 +185,8 @@ def check_free_blocks(free_blocks, free_request, seeds: int = 12,
                                   f"{[b.ref_cnt for b in ref_blocks]}",
                                   FREE_MISTAKES[4].diagnosis())
 
-        c.prop("unhashed blocks reaching 0 go to the head, hashed ones to the "
-               "tail, each in the given order", order,
+        c.prop("at 0, unhashed blocks go to the head, hashed ones to the tail, "
+               "in order", order,
                "split the blocks that reach 0 by block_hash, then one "
                "prepend_n and one append_n")
 
@@ -494,7 +494,7 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
                                   GET_MISTAKES[7].diagnosis())
 
         c.prop("too few free: ValueError('Cannot get 5 free blocks from the "
-               "pool'), nothing changed", refuses,
+               "pool'), no change", refuses,
                "compare n with pool.free_block_queue.num_free_blocks first")
 
         def trials():
@@ -502,7 +502,7 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
                 manager_trial(_get_manager(fn), seed,
                               diagnose=lambda: _diagnose_get(fn))
 
-        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
+        c.prop(f"{seeds} random scheduler runs in KVCacheManager match "
                "the library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_get(fn))
@@ -627,7 +627,7 @@ def check_find_longest_cache_hit(find_longest_cache_hit, seeds: int = 12,
                     raise WrongAnswer(f"{what}: expected blocks {want}, got "
                                       f"{got}", _diagnose_hit(fn))
 
-        c.prop("blocks of the longest cached prefix: up to the first miss, "
+        c.prop("cached blocks of the longest prefix, to the first miss, "
                "< num_tokens tokens", fixed,
                "for i, h in enumerate(block_hashes) while (i + 1) * "
                "block_size <= num_tokens - 1: pool.get_cached_block(h)",
@@ -649,7 +649,7 @@ def check_find_longest_cache_hit(find_longest_cache_hit, seeds: int = 12,
                 manager_trial(_hit_manager(fn), seed, aligned=True,
                               diagnose=lambda: _diagnose_hit(fn))
 
-        c.prop(f"{seeds} random scheduler runs inside KVCacheManager match "
+        c.prop(f"{seeds} random scheduler runs in KVCacheManager match "
                "the library at every step", trials,
                "the message names the operation and the first difference",
                lambda: _diagnose_hit(fn))
