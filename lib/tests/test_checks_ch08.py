@@ -293,7 +293,9 @@ def test_the_referee_patches_nothing_of_the_library():
 
 # -- issue 27: the later tasks (worker table, token budget, n > 1, log line) ----------------------------
 
+from pagedkv.checks import ch08_diagnose as diag  # noqa: E402
 from pagedkv.checks import ch08_engine_tasks as tasks  # noqa: E402
+from pagedkv.checks import ch08_fan_out as fan  # noqa: E402
 
 
 @functools.cache
@@ -409,13 +411,13 @@ def test_a_short_answer_is_refused_without_a_diagnosis():
 # 3. n > 1
 
 
-@pytest.mark.parametrize("mistake", tasks.FAN_OUT_MISTAKES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mistake", fan.FAN_OUT_MISTAKES, ids=lambda m: m.name)
 def test_fan_out_mistakes_are_named(mistake):
     details = failures(checks.check_fan_out(mistake.model))
     assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
 
 
-@pytest.mark.parametrize("mistake", tasks.BLOCKS_MISTAKES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mistake", fan.BLOCKS_MISTAKES, ids=lambda m: m.name)
 def test_blocks_mistakes_are_named(mistake):
     details = failures(checks.check_blocks_in_use(mistake.model))
     assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
@@ -424,7 +426,7 @@ def test_blocks_mistakes_are_named(mistake):
 # 4. the log line
 
 
-@pytest.mark.parametrize("mistake", tasks.DIAGNOSE_MISTAKES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mistake", diag.DIAGNOSE_MISTAKES, ids=lambda m: m.name)
 def test_diagnose_mistakes_are_named(mistake):
     details = failures(checks.check_diagnose(mistake.model))
     assert details and all(f"Diagnosis: {mistake.name} --" in d for d in details), details
@@ -444,5 +446,5 @@ def test_a_parser_that_needs_a_preemptions_part_is_named():
 
 
 def test_the_engine_runs_give_every_verdict():
-    verdicts = {tasks._expected_verdict(stats) for _, stats in tasks._engine_lines(0)}
-    assert verdicts == set(tasks.VERDICTS)
+    verdicts = {diag._expected_verdict(stats) for _, stats in diag._engine_lines(0)}
+    assert verdicts == set(diag.VERDICTS)

@@ -1,4 +1,4 @@
-"""Checks for exercise 8's later tasks: the engine around the scheduler.
+"""Checks for exercise 8's engine tasks, sections 1 and 2: the worker's table and the step's token budget.
 
 After the preemption loop (``ch08_serving_engine``) the learner writes:
 
@@ -11,60 +11,27 @@ After the preemption loop (``ch08_serving_engine``) the learner writes:
    tokens each request gets in a step under chunked prefill. Checked against
    ``Scheduler.schedule``'s ``num_scheduled_tokens`` on random states of a
    real scheduler (a pool large enough never to bind).
-3. ``fan_out(request_id, n, seed)``: the child ids and seeds of an ``n > 1``
-   request, against the ids and seeds the engine queues; and
-   ``blocks_in_use(prompt_len, n, block_size, num_tokens)``: the blocks n
-   children of one prompt hold with prefix caching, against the engine's
-   pool.
-4. ``diagnose(line)``: a verdict on vLLM's periodic log line, on lines the
-   engine printed in runs with known settings and on lines built with
-   ``EngineStats.log_line``.
 
-A wrong answer that a known mistake explains is named (``Mistake``); every
-check reads the library only through public methods.
+Sections 3 and 4 are checked in ``ch08_fan_out`` (``fan_out``,
+``blocks_in_use``) and ``ch08_diagnose`` (``diagnose``). A wrong answer that
+a known mistake explains is named (``Mistake``); every check reads the
+library only through public methods.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-import re
 
 from ..block_table import BlockTable
 from ..common import cdiv
-from ..engine import (EngineArgs, EngineRequest, EngineStats, LLMEngine,
-                      ModelRunnerOutput, SamplingParams, Scheduler)
+from ..engine import EngineRequest, LLMEngine, ModelRunnerOutput, Scheduler
 from ..kv_cache_manager import KVCacheManager
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
                        expect_int, name_mistake, one_thread)
+from .ch08_fixtures import engine_args, random_prompt, short_repr, tiny_model
 
-__all__ = ["check_update_block_table", "check_tokens_this_step",
-           "check_fan_out", "check_blocks_in_use", "check_diagnose",
-           "VERDICTS", "HIGH_USAGE"]
-
-
-@functools.cache
-def _model():
-    from ..model import Model, ModelConfig
-
-    return Model(ModelConfig.preset("tiny"), seed=0)
-
-
-def _args(**kw) -> EngineArgs:
-    base = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
-                enable_prefix_caching=False, watermark=0.0,
-                kernel_backend="torch", log_stats_interval=0)
-    base.update(kw)
-    return EngineArgs(**base)
-
-
-def _prompt(rng, n):
-    return [rng.randrange(1, 512) for _ in range(n)]
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 70 else text[:67] + "..."
+__all__ = ["check_update_block_table", "check_tokens_this_step"]
 
 
 # ============================================================ 1. the table
@@ -74,20 +41,20 @@ def _table_scenarios(seed: int) -> dict:
     rng = random.Random(seed)
     s = {}
     s["new and running requests"] = (
-        _args(num_gpu_blocks_override=40, max_model_len=40),
-        [(1 + i // 2, f"r{i}", _prompt(rng, rng.randrange(3, 12)),
+        engine_args(num_gpu_blocks_override=40, max_model_len=40),
+        [(1 + i // 2, f"r{i}", random_prompt(rng, rng.randrange(3, 12)),
           rng.randrange(1, 9)) for i in range(6)])
     s["a small pool: preemptions, resumptions"] = (
-        _args(num_gpu_blocks_override=14, max_model_len=32,
+        engine_args(num_gpu_blocks_override=14, max_model_len=32,
               max_num_batched_tokens=16),
-        [(1 + i, f"p{i}", _prompt(rng, rng.randrange(4, 11)), 14)
+        [(1 + i, f"p{i}", random_prompt(rng, rng.randrange(4, 11)), 14)
          for i in range(4)])
-    prefix = _prompt(rng, 8)
+    prefix = random_prompt(rng, 8)
     s["prefix hits, chunked prompts, preemptions"] = (
-        _args(num_gpu_blocks_override=16, max_model_len=40,
+        engine_args(num_gpu_blocks_override=16, max_model_len=40,
               enable_prefix_caching=True, max_num_batched_tokens=12),
         [(1 + 2 * (i // 3), f"b{i}",
-          prefix[:rng.randrange(0, 9)] + _prompt(rng, rng.randrange(2, 9)),
+          prefix[:rng.randrange(0, 9)] + random_prompt(rng, rng.randrange(2, 9)),
           rng.randrange(4, 14)) for i in range(9)])
     return s
 
@@ -183,7 +150,7 @@ def _check_table(table, row_of, want: dict, out, where: str) -> None:
 
 
 def _run_table(fn, name: str, args, arrivals) -> None:
-    engine = LLMEngine(args, _model(), log_fn=lambda line: None)
+    engine = LLMEngine(args, tiny_model(), log_fn=lambda line: None)
     table = BlockTable(args.max_num_seqs,
                        cdiv(engine.max_model_len, args.block_size),
                        device="cpu")
@@ -385,7 +352,7 @@ def _budget_states(seed: int, count: int):
             for _ in range(k):
                 rid = f"q{arrivals}"
                 sched.add_request(EngineRequest(
-                    rid, _prompt(rng, rng.randrange(1, 30)),
+                    rid, random_prompt(rng, rng.randrange(1, 30)),
                     max_tokens=rng.randrange(1, 12), ignore_eos=True,
                     arrival=arrivals))
                 arrivals += 1
@@ -437,7 +404,7 @@ def _check_budget_case(fn, budget, running, waiting, max_num_seqs,
     try:
         got = [expect_int(x, "an entry") for x in got]
     except TypeError:
-        raise AssertionError(f"{where}: returned {_short(got)}, expected a "
+        raise AssertionError(f"{where}: returned {short_repr(got)}, expected a "
                              "list of ints") from None
     if len(got) != len(running) + len(waiting):
         raise AssertionError(
@@ -495,367 +462,3 @@ def check_tokens_this_step(tokens_this_step, seed: int = 0,
 
 
 catalogue(check_tokens_this_step, BUDGET_MISTAKES)
-
-
-# ================================================== 3. the n > 1 fan-out
-
-def _fan_out_engine(request_id: str, n: int, seed):
-    """The ids and seeds the engine queues for one request with ``n``."""
-    engine = LLMEngine(_args(num_gpu_blocks_override=16, max_model_len=32),
-                       _model(), log_fn=lambda line: None)
-    params = SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=4)
-    engine.add_request(request_id, [1, 2, 3], sampling_params=params)
-    return [(r.request_id, r.sampling_params.seed)
-            for r in engine.scheduler.waiting]
-
-
-def _children(rid, n, seed, name="{i}_{rid}", first=0, step=1,
-              unseeded=None, fan_one=False):
-    """vLLM's fan-out, or (with other arguments) one mistake in it."""
-    if n == 1 and not fan_one:
-        return [(rid, seed)]
-    if seed is None:
-        seed = unseeded
-    return [(name.format(i=i + first, rid=rid),
-             None if seed is None else seed + step * (i + first))
-            for i in range(n)]
-
-
-FAN_OUT_MISTAKES = [
-    Mistake("the index after the id",
-            "vLLM names child i f\"{i}_{request_id}\": the index first",
-            lambda rid, n, seed: _children(rid, n, seed, "{rid}_{i}")),
-    Mistake("counted the children from 1",
-            "children are numbered 0..n-1",
-            lambda rid, n, seed: _children(rid, n, seed, first=1)),
-    Mistake("the same seed for every child",
-            "a seeded parent gives child i the seed seed + i; with one seed "
-            "for all, the n samples would be the same text n times",
-            lambda rid, n, seed: _children(rid, n, seed, step=0)),
-    Mistake("fanned out n = 1",
-            "with n = 1 there is no parent: the request keeps its id and "
-            "its seed",
-            lambda rid, n, seed: _children(rid, n, seed, fan_one=True)),
-    Mistake("invented seeds for an unseeded request",
-            "seed None stays None for every child: each then samples with "
-            "a seed of its own",
-            lambda rid, n, seed: _children(rid, n, seed, unseeded=0)),
-]
-
-
-FAN_OUT_PROBES = [("req", 3, 7), ("req", 3, None), ("solo", 1, 5)]
-
-
-def _check_fan_out_case(fn, rid, n, seed) -> None:
-    where = f"fan_out({rid!r}, {n}, {seed})"
-    want = _fan_out_engine(rid, n, seed)
-    got = fn(rid, n, seed)
-    try:
-        got = [(str(a), b) for a, b in got]
-    except (TypeError, ValueError):
-        raise AssertionError(f"{where}: returned {_short(got)}, expected a "
-                             "list of (child id, seed) pairs") from None
-    if got != want:
-        raise WrongAnswer(f"{where}: you gave {_short(got)}, the engine "
-                          f"queues {_short(want)}",
-                          name_mistake(got, (rid, n, seed), FAN_OUT_MISTAKES,
-                                       call=fn, probes=FAN_OUT_PROBES))
-
-
-def check_fan_out(fan_out, timeout: float = 20.0) -> CheckReport:
-    """Check ``fan_out(request_id, n, seed) -> [(child id, seed), ...]``
-    against the requests the engine queues."""
-    c = Checker("fan_out", timeout=timeout)
-
-    def cases(*args):
-        def body():
-            for a in args:
-                _check_fan_out_case(fan_out, *a)
-        return body
-
-    with one_thread(), c:
-        c.probe(cases(("req", 3, 7)))
-        c.prop("seeded: ids {i}_{id}, seeds seed + i",
-               cases(("req", 3, 7), ("cmpl-9_a", 4, 0), ("x", 2, 2**40)))
-        c.prop("unseeded: every child's seed stays None",
-               cases(("req", 3, None)))
-        c.prop("n = 1: no children, the request as it is",
-               cases(("solo", 1, 5), ("solo", 1, None)))
-    return c.report
-
-
-catalogue(check_fan_out, FAN_OUT_MISTAKES)
-
-
-def _blocks_reference(prompt_len, n, block_size, num_tokens):
-    shared = (prompt_len - 1) // block_size
-    return shared + n * (cdiv(num_tokens, block_size) - shared)
-
-
-BLOCKS_MISTAKES = [
-    Mistake("no sharing",
-            "with prefix caching the children after the first hit its full "
-            "prompt blocks: those are held once",
-            lambda L, n, B, T: n * cdiv(T, B)),
-    Mistake("shared the last prompt block when the prompt fills it",
-            "a prefix hit never covers the whole prompt: the last token is "
-            "always computed, for its logits, so a prompt that ends on a "
-            "block boundary shares one block fewer, (prompt_len - 1) // "
-            "block_size",
-            lambda L, n, B, T: L // B + n * (cdiv(T, B) - L // B)),
-    Mistake("shared the partial tail block too",
-            "only full blocks are cached and shared; the block the prompt "
-            "ends in, and every block after, is each child's own",
-            lambda L, n, B, T: cdiv(L, B) + n * (cdiv(T, B) - cdiv(L, B))),
-    Mistake("blocks for the prompt alone",
-            "each child also holds the blocks of the tokens it has "
-            "generated since: cdiv(num_tokens, block_size) in all",
-            lambda L, n, B, T: _blocks_reference(L, n, B, L)),
-]
-
-
-def _blocks_engine(prompt_len, n, block_size, num_tokens, seed=0):
-    """Blocks the n children hold, in the engine, when each has the KV of
-    ``num_tokens`` tokens."""
-    rng = random.Random(seed)
-    args = _args(block_size=block_size, num_gpu_blocks_override=200,
-                 max_model_len=64, enable_prefix_caching=True,
-                 max_num_batched_tokens=256)
-    engine = LLMEngine(args, _model(), log_fn=lambda line: None)
-    params = SamplingParams(n=n, temperature=1.0, seed=seed,
-                            max_tokens=num_tokens - prompt_len + 2,
-                            ignore_eos=True)
-    engine.add_request("p", _prompt(rng, prompt_len), sampling_params=params)
-    for _ in range(num_tokens + 2):
-        engine.step()
-        computed = [r.num_computed_tokens for r in engine.scheduler.running]
-        if len(computed) == n and all(c == num_tokens for c in computed):
-            break
-    else:
-        raise RuntimeError("the children never reached num_tokens")  # ours
-    ids = {b for r in engine.scheduler.running
-           for b in engine.kv_cache_manager.get_block_ids(r.request_id)}
-    return len(ids)
-
-
-BLOCKS_PROBES = [(9, 3, 4, 9), (8, 3, 4, 8), (9, 3, 4, 13)]
-
-
-def _check_blocks_case(fn, L, n, B, T) -> None:
-    where = (f"blocks_in_use(prompt_len={L}, n={n}, block_size={B}, "
-             f"num_tokens={T})")
-    want = _blocks_engine(L, n, B, T)
-    if want != _blocks_reference(L, n, B, T):
-        raise RuntimeError(f"{where}: the oracle and the engine disagree")
-    got = expect_int(fn(L, n, B, T), where)
-    if got != want:
-        raise WrongAnswer(f"{where}: you said {got}, the engine's children "
-                          f"hold {want}",
-                          name_mistake(got, (L, n, B, T), BLOCKS_MISTAKES,
-                                       call=fn, probes=BLOCKS_PROBES))
-
-
-def check_blocks_in_use(blocks_in_use, timeout: float = 20.0) -> CheckReport:
-    """Check ``blocks_in_use(prompt_len, n, block_size, num_tokens)``
-    against the blocks an engine's n children hold."""
-    c = Checker("blocks_in_use", timeout=timeout)
-
-    def cases(*args):
-        def body():
-            for a in args:
-                _check_blocks_case(blocks_in_use, *a)
-        return body
-
-    with one_thread(), c:
-        c.probe(cases((9, 3, 4, 9)))
-        c.prop("right after the prompt: full blocks once, tails each",
-               cases((9, 3, 4, 9), (11, 4, 4, 11)))
-        c.prop("a prompt that ends on a block boundary",
-               cases((8, 3, 4, 8), (16, 2, 8, 16)))
-        c.prop("after some generated tokens",
-               cases((9, 3, 4, 13), (6, 4, 4, 17), (12, 2, 4, 14)))
-    return c.report
-
-
-catalogue(check_blocks_in_use, BLOCKS_MISTAKES)
-
-
-# ================================================== 4. reading a log line
-
-#: The verdicts ``diagnose`` may return.
-VERDICTS = ("pool too small", "memory-bound", "queue-bound", "healthy")
-#: KV cache usage, in percent as the line prints it, that counts as full.
-HIGH_USAGE = 90.0
-
-_FIELD = {
-    "running": re.compile(r"Running: (\d+) reqs"),
-    "waiting": re.compile(r"Waiting: (\d+) reqs"),
-    "preemptions": re.compile(r"Preemptions: (\d+)"),
-    "usage": re.compile(r"KV cache usage: ([\d.]+)%"),
-}
-
-
-def _fields(line: str) -> dict:
-    got = {}
-    for key, pattern in _FIELD.items():
-        m = pattern.search(line)
-        got[key] = float(m.group(1)) if m else 0.0
-    return got
-
-
-def _verdict(line: str, order=("pre", "wait"), high=HIGH_USAGE,
-             by_usage=False) -> str:
-    f = _fields(line)
-    if by_usage:
-        return "pool too small" if f["usage"] >= high else (
-            "queue-bound" if f["waiting"] else "healthy")
-    for rule in order:
-        if rule == "pre" and f["preemptions"]:
-            return "pool too small"
-        if rule == "wait" and f["waiting"]:
-            return "memory-bound" if f["usage"] >= high else "queue-bound"
-    return "healthy"
-
-
-DIAGNOSE_MISTAKES = [
-    Mistake("looked at the waiting queue before the preemptions",
-            "a preempted request waits too, so a line with preemptions "
-            "usually has waiting requests: test Preemptions first",
-            lambda line: _verdict(line, order=("wait", "pre"))),
-    Mistake("read the usage as a fraction",
-            "the line prints a percentage (\"KV cache usage: 42.0%\"): "
-            "compare it with 90, not 0.9",
-            lambda line: _verdict(line, high=0.9)),
-    Mistake("judged by the usage alone",
-            "a pool may run at 95% and serve everyone: it is too small only "
-            "when it preempts; high usage with a queue is memory-bound",
-            lambda line: _verdict(line, by_usage=True)),
-    Mistake("ignored the preemptions",
-            "\"Preemptions: N\" appears only when the interval had some: "
-            "look for it, and treat its absence as 0",
-            lambda line: _verdict(line, order=("wait",))),
-]
-
-
-def _engine_lines(seed: int = 0) -> list:
-    """Log lines from engine runs with known settings; each comes with the
-    ``EngineStats`` it prints."""
-    rng = random.Random(seed)
-    runs = [
-        # too small: 4 long requests in 11 usable blocks
-        (_args(num_gpu_blocks_override=12, max_model_len=32), 6, 20, 3),
-        # queue-bound: room for all, but max_num_seqs 2
-        (_args(num_gpu_blocks_override=80, max_model_len=32, max_num_seqs=2,
-               max_num_batched_tokens=16), 6, 10, 2),
-        # healthy, prefix caching on
-        (_args(num_gpu_blocks_override=80, max_model_len=32,
-               enable_prefix_caching=True), 3, 8, 2),
-        # memory-bound moments: the pool nearly full, requests waiting
-        (_args(num_gpu_blocks_override=16, max_model_len=40,
-               max_num_batched_tokens=16), 5, 24, 2),
-    ]
-    lines = []
-    for args, count, max_tokens, every in runs:
-        printed = []
-        engine = LLMEngine(args, _model(), log_fn=printed.append)
-        for i in range(count):
-            engine.add_request(f"r{i}", _prompt(rng, rng.randrange(4, 9)),
-                               max_tokens=max_tokens, ignore_eos=True)
-        step = 0
-        while engine.has_unfinished_requests():
-            engine.step()
-            step += 1
-            if step % every == 0:
-                stats = engine.log_stats()
-                lines.append((printed[-1], stats))
-    return lines
-
-
-def _built_lines() -> list:
-    """Lines built from chosen numbers, one or more per verdict."""
-    def line(run, wait, pre, usage, hit=None):
-        stats = EngineStats(step=40, num_running=run, num_waiting=wait,
-                            kv_cache_usage=usage, num_preemptions=pre,
-                            num_preemptions_interval=pre,
-                            prefix_cache_hit_rate=hit,
-                            prompt_throughput=812.4,
-                            generation_throughput=355.0)
-        return stats.log_line(), stats
-    return [line(12, 0, 0, 0.95), line(12, 5, 0, 0.97, 0.31),
-            line(4, 7, 0, 0.31), line(9, 3, 2, 0.99), line(9, 3, 1, 0.62),
-            line(3, 0, 0, 0.05, 0.0), line(8, 0, 1, 0.70)]
-
-
-def _expected_verdict(stats: EngineStats) -> str:
-    usage = round(stats.kv_cache_usage * 100, 1)
-    if stats.num_preemptions_interval:
-        return "pool too small"
-    if stats.num_waiting:
-        return "memory-bound" if usage >= HIGH_USAGE else "queue-bound"
-    return "healthy"
-
-
-MISSING_PREEMPTIONS = Mistake(
-    "expected a Preemptions part in every line",
-    "vLLM prints \"Preemptions: N\" only when the interval had some "
-    "(\"if self.num_preemptions > 0\"): when it is missing, N is 0")
-
-
-def _check_lines(fn, lines) -> None:
-    probes = [(line,) for line, _ in _built_lines()]
-    for line, stats in lines:
-        want = _expected_verdict(stats)
-        if _verdict(line) != want:
-            raise RuntimeError(f"the oracles disagree on {line!r}")
-        where = f"on \u00ab{line}\u00bb"
-        try:
-            got = fn(line)
-        except Exception as exc:  # noqa: BLE001 -- a crash on this line
-            if "Preemptions" in line:
-                raise
-            tb = exc.__traceback__
-            while tb.tb_next is not None:
-                tb = tb.tb_next
-            raise WrongAnswer(
-                f"{where}: raised {type(exc).__name__}: {exc} (line "
-                f"{tb.tb_lineno} in {tb.tb_frame.f_code.co_name})",
-                MISSING_PREEMPTIONS.diagnosis()) from None
-        if got != want:
-            if got not in VERDICTS:
-                raise AssertionError(f"{where}: returned {_short(got)}, not "
-                                     f"one of {VERDICTS}")
-            raise WrongAnswer(f"{where}: you said {got!r}, expected "
-                              f"{want!r}",
-                              name_mistake(got, (line,), DIAGNOSE_MISTAKES,
-                                           call=fn, probes=probes))
-
-
-def check_diagnose(diagnose, seed: int = 0,
-                   timeout: float = 20.0) -> CheckReport:
-    """Check ``diagnose(line) -> verdict`` on lines the engine printed and
-    on lines built from chosen numbers."""
-    c = Checker("diagnose", timeout=timeout)
-    built = _built_lines()
-
-    def engine_lines():
-        lines = _engine_lines(seed)
-        kinds = {_expected_verdict(s) for _, s in lines}
-        if kinds != set(VERDICTS):
-            raise RuntimeError(f"the runs show only {sorted(kinds)}")
-        _check_lines(diagnose, lines)
-
-    with one_thread(), c:
-        c.probe(lambda: diagnose(built[0][0]))
-        c.prop("healthy and queue-bound (no preemptions)",
-               lambda: _check_lines(diagnose, [built[0], built[2],
-                                               built[5]]))
-        c.prop("memory-bound: a queue behind a full pool",
-               lambda: _check_lines(diagnose, [built[1]]))
-        c.prop("pool too small: the interval preempted",
-               lambda: _check_lines(diagnose, [built[3], built[4],
-                                               built[6]]))
-        c.prop("lines from engine runs with known settings", engine_lines)
-    return c.report
-
-
-catalogue(check_diagnose, [MISSING_PREEMPTIONS], DIAGNOSE_MISTAKES)
