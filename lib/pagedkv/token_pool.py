@@ -10,16 +10,21 @@ levels:
   row 0, so their reads and writes land somewhere harmless.
 - ``TokenToKVPoolAllocator`` hands out those slots one token at a time from a
   free list kept as a tensor (allocation is a slice, freeing a concatenation).
-  Slot 0 is reserved: padded tokens write their dummy K/V there. SGLang can
-  also park frees in a second tensor and, when an allocation finds the free
-  list short, ``merge_and_sort_free`` them back in address order; ours frees
-  straight to the tail and never sorts, so reuse follows the order of frees.
+  Slot 0 is reserved: padded tokens write their dummy K/V there. Frees go
+  to the tail and the list is never sorted, so reuse follows the order of
+  frees: SGLang 0.5.23's default. Only with ``need_sort`` (which SGLang turns
+  on for prefill/decode disaggregation alone) does it park frees in a second
+  list and ``merge_and_sort_free`` them back in address order when an
+  allocation runs short; we leave that mode out.
 - ``PagedTokenToKVPoolAllocator`` hands them out a page at a time but still
   returns one slot per token, so ``req_to_token`` stays token-level. A prefill
   that extends a prefix must then (1) fill the rest of the prefix's partial
   last page, (2) take whole new pages, (3) start a partial final page:
   ``alloc_extend``'s three cases, which vLLM never needs because its table is
-  the page list itself.
+  the page list itself. ``free`` releases the pages under some slots in page
+  order (``torch.unique`` sorts them) to the head of the free list;
+  ``free_segment``, which SGLang's radix cache uses for one request's run of
+  slots, keeps the request's page order instead.
 
 This is our code with SGLang's names and semantics. To make ``check()``
 possible (free and allocated must partition the pool; nothing is handed out
@@ -111,11 +116,19 @@ class ReqToTokenPool:
         return len(self.free_slots)
 
     def alloc(self, need_size: int = 1) -> list[int] | None:
-        """``need_size`` free rows, or None (and no change) when fewer are free."""
+        """``need_size`` free rows, or None (and no change) when fewer are free.
+
+        Rows come from the tail of the free list, as in SGLang 0.5.23
+        (``alloc_rows``): popping the tail costs O(need_size) where slicing
+        the head would copy the whole list. A fresh pool of 8 rows hands out
+        row 8 first, and a freed row (appended at the tail) is reused next.
+        """
         n = check_int(need_size, "need_size", 0)
         if n > len(self.free_slots):
             return None
-        rows, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        split = len(self.free_slots) - n  # n == 0 takes nothing ([-0:] would take all)
+        rows = self.free_slots[split:]
+        del self.free_slots[split:]
         self._allocated.update(rows)
         return rows
 
@@ -253,6 +266,15 @@ class TokenToKVPoolAllocator:
             raise ValueError(f"slot {int(uniq[counts > 1][0])} appears twice in one free()")
         self._allocated[idx] = False
         self.free_pages = torch.cat((self.free_pages, idx.to(self.device)))
+
+    def free_segment(self, free_index, *, start_pos: int) -> None:
+        """Free one request's slots ``kv_row[start_pos : start_pos + n]``.
+
+        With one slot a page every start is page-aligned and ``free`` already
+        keeps the given order, so this is ``free``, as in SGLang.
+        """
+        check_int(start_pos, "start_pos", 0)
+        self.free(free_index)
 
     def check(self) -> None:
         """No slot is free twice; free and allocated partition 1..size; slot 0 is in neither."""
@@ -403,11 +425,49 @@ class PagedTokenToKVPoolAllocator:
         return self.alloc_extend(seq - 1, seq, last_loc)
 
     def free(self, free_index) -> None:
-        """Free the pages holding these slots (a page is freed whole, as in SGLang)."""
+        """Free the pages holding these slots (a page is freed whole, as in SGLang).
+
+        The pages go to the head of the free list in ascending page order
+        (``torch.unique`` sorts them), whatever order the slots came in.
+        """
         idx = _index_tensor(free_index, "free_index")
         if idx.numel() == 0:
             return
-        pages = torch.unique(idx // self.page_size)
+        self._release(torch.unique(idx // self.page_size))
+
+    def free_segment(self, free_index, *, start_pos: int) -> None:
+        """Free one request's run of slots, ``kv_row[start_pos : start_pos + n]``.
+
+        ``start_pos`` sits on a page boundary and the slots fill their pages
+        in order (the last page may be partial), so every ``page_size``-th
+        slot names the next page: the pages are freed in the request's own
+        order, not sorted as ``free`` sorts them. SGLang's radix cache frees
+        a request's pages this way.
+        """
+        start = check_int(start_pos, "start_pos", 0)
+        if start % self.page_size:
+            raise ValueError(f"segment start {start} is not page-aligned (page_size {self.page_size})")
+        idx = _index_tensor(free_index, "free_index")
+        if idx.numel() == 0:
+            return
+        ps = self.page_size
+        pages = idx[::ps] // ps
+        # Slot k of the segment must be offset k % ps of its page, and no page twice.
+        offsets = torch.arange(idx.numel(), device=idx.device) % ps
+        laid_out = pages.repeat_interleave(ps)[: idx.numel()] * ps + offsets
+        if not torch.equal(idx, laid_out):
+            k = int((idx != laid_out).nonzero()[0, 0])
+            raise ValueError(
+                "free_segment needs one request's slots in order from a page boundary:"
+                f" slot {int(idx[k])} at segment position {k} is not offset {k % ps}"
+                f" of page {int(pages[k // ps])}")
+        uniq, counts = torch.unique(pages, return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"page {int(uniq[counts > 1][0])} appears twice in one free_segment()")
+        self._release(pages)
+
+    def _release(self, pages: torch.Tensor) -> None:
+        """Put these distinct pages at the head of the free list, in the given order."""
         bad = (pages < 1) | (pages > self.num_pages)
         if bool(bad.any()):
             v = int(pages[bad][0])

@@ -46,6 +46,7 @@ class ReqToTokenMachine(RuleBasedStateMachine):
         self.pool = ReqToTokenPool(self.SIZE, self.WIDTH, device="cpu")
         self.held: set[int] = set()
         self.table = torch.zeros((self.SIZE + 1, self.WIDTH), dtype=torch.int32)  # the oracle
+        self.free_order = list(range(1, self.SIZE + 1))  # SGLang's free list: pop the tail, free to the tail
 
     @rule(n=st.integers(0, 4))
     def alloc(self, n):
@@ -55,6 +56,9 @@ class ReqToTokenMachine(RuleBasedStateMachine):
             return
         assert rows is not None and len(rows) == n
         assert 0 not in rows and not (set(rows) & self.held) and len(set(rows)) == n
+        split = len(self.free_order) - n
+        assert rows == self.free_order[split:]
+        del self.free_order[split:]
         self.held |= set(rows)
 
     @precondition(lambda self: self.held)
@@ -63,6 +67,7 @@ class ReqToTokenMachine(RuleBasedStateMachine):
         rows = data.draw(st.lists(st.sampled_from(sorted(self.held)), min_size=1, unique=True))
         self.pool.free(rows)
         self.held -= set(rows)
+        self.free_order += rows
 
     @rule(row=st.integers(-1, SIZE + 1))
     def free_unheld(self, row):
@@ -452,3 +457,54 @@ def test_check_names_the_broken_invariant():
     r.free_slots.append(2)  # corrupt: row 2 free twice
     with pytest.raises(InvariantError, match="invariant 'no row is free twice' broken"):
         r.check()
+
+
+def test_req_rows_come_from_the_tail_of_the_free_list():
+    """SGLang 0.5.23's ReqToTokenPool.alloc_rows pops free_slots[-need_size:]."""
+    pool = ReqToTokenPool(8, 4, device="cpu")
+    assert pool.alloc(1) == [8]
+    assert pool.alloc(2) == [6, 7]
+    assert pool.alloc(0) == [] and pool.free_slots == [1, 2, 3, 4, 5]
+    pool.free([7, 8])
+    assert pool.alloc(1) == [8]  # the row freed last is reused first
+    pool.check()
+
+
+def test_free_segment_keeps_the_request_page_order_where_free_sorts():
+    def fresh():
+        a = PagedTokenToKVPoolAllocator(6 * 4, 4, device="cpu")
+        a.alloc(24)  # pages 1..6, all held
+        return a
+
+    # A request whose pages are 5, 2, 4 (slots in its order), the last page partial.
+    slots = torch.tensor([20, 21, 22, 23, 8, 9, 10, 11, 16, 17])
+    a = fresh()
+    a.free(slots)
+    assert a.free_pages.tolist() == [2, 4, 5]  # free: unique, so sorted
+    b = fresh()
+    b.free_segment(slots, start_pos=0)
+    assert b.free_pages.tolist() == [5, 2, 4]  # free_segment: the request's order
+    b.check()
+    t = TokenToKVPoolAllocator(4, device="cpu")
+    t.alloc(4)
+    t.free_segment(torch.tensor([3, 1]), start_pos=5)
+    assert t.free_pages.tolist() == [3, 1]
+
+
+@pytest.mark.parametrize(
+    "slots, start, words",
+    [
+        ([20, 21, 22, 23], 2, "segment start 2 is not page-aligned"),
+        ([20, 22, 21, 23], 0, "slot 22 at segment position 1 is not offset 1 of page 5"),
+        ([21, 22, 23, 8], 0, "slot 21 at segment position 0 is not offset 0"),
+        ([20, 21, 22, 23, 20, 21, 22, 23], 0, "page 5 appears twice in one free_segment"),
+        ([0, 1, 2, 3], 0, "page 0 is the padding page"),
+    ],
+)
+def test_free_segment_rejects_what_is_not_one_request_run(slots, start, words):
+    a = PagedTokenToKVPoolAllocator(6 * 4, 4, device="cpu")
+    a.alloc(24)
+    state = state_of(a)
+    with pytest.raises(ValueError, match=words):
+        a.free_segment(torch.tensor(slots), start_pos=start)
+    assert_same_state(a, state)
