@@ -26,7 +26,7 @@ levels:
   ``free_segment``, which SGLang's radix cache uses for one request's run of
   slots, keeps the request's page order instead.
 
-This is our code with SGLang's names and semantics. To make ``check()``
+This is our code with SGLang 0.5.23's names and semantics. To make ``check()``
 possible (free and allocated must partition the pool; nothing is handed out
 twice) each allocator also keeps a boolean "allocated" mask beside its free
 list; SGLang trusts its callers instead.
