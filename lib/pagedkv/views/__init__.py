@@ -6,11 +6,14 @@ One concept per module:
 - ``owners``: ``BlockOwners``, who holds which block;
 - ``pool_picture`` / ``block_table_picture``: the static renderings
   (``render_pool``, ``render_block_table``), deterministic HTML;
+- ``paged_layout``: PagedAttention's own picture (logical blocks, table
+  entries, physical blocks), ``render_paged_layout`` and ``PagedLayoutView``;
 - ``pool_view`` / ``table_view``: the live JupyterLab views, and
   ``following``, how they keep up with an engine (throttled);
 - ``trace`` / ``replay`` (+ ``replay.js``): ``TraceRecorder`` and its player;
   ``engine_trace``: the same recorder on an engine's steps;
 - ``figures``, ``calculator``: matplotlib figures and the budget calculator;
+- ``kv_buffer``: chapter 1's picture of the KV buffer and its per-layer views;
 - ``fragmentation``: chapter 2's plots and its ipywidgets explorer;
 - ``explorables`` (+ ``explore*.js``): figures recomputed in the page by a
   small JavaScript module as the reader moves the controls, no kernel needed.
@@ -35,6 +38,7 @@ _EXPORTS = {
     "render_block_table": "block_table_picture",
     "BlockPoolView": "pool_view",
     "BlockTableView": "table_view",
+    **dict.fromkeys(["PagedLayout", "PagedLayoutView", "describe_layout", "render_paged_layout"], "paged_layout"),
     **dict.fromkeys(["TraceRecorder", "describe_event"], "trace"),
     **dict.fromkeys(["Frame", "Replay", "replay_html"], "replay"),
     "EngineTrace": "engine_trace",
@@ -42,6 +46,7 @@ _EXPORTS = {
                      "pool_history_figure", "pool_snapshot"],
                     "figures"),
     **dict.fromkeys(["BudgetCalculator", "plot_budget", "plot_shared_card"], "calculator"),
+    **dict.fromkeys(["page_offsets", "plot_kv_buffer"], "kv_buffer"),
     **dict.fromkeys(["Explorable", "budget_explorer", "prefix_explorer", "slots_explorer", "tail_explorer"], "explorables"),
     **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
                      "plot_composition", "composition_table", "plot_concurrency",
