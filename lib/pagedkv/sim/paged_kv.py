@@ -1,4 +1,4 @@
-"""The seed's reference allocator ``PagedKV``: paged KV memory on the CPU, with owners and pins.
+"""The reference allocator ``PagedKV``: paged KV memory on the CPU, with owners and pins.
 
 ``PagedKV`` models paged KV memory on the CPU. Each slot holds a token id
 where a GPU would hold K and V vectors, so any request's contents can be read
