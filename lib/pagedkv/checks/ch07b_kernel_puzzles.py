@@ -14,13 +14,18 @@ interpreter; the machinery is ``puzzle_harness``).
 
 from __future__ import annotations
 
-from . import ch07b_first_kernels as first, ch07b_paged_kernels as paged
 from ._harness import CheckReport, catalogue
 from .puzzle_harness import CHEAT_MISTAKE, LAUNCH_MISTAKE, Puzzle, check_puzzle, trace_report
+# Names from the puzzle modules, not the modules through the package (``from . import``
+# would read pagedkv.checks while its __init__ is still importing this one).
 # The references, importable from the ladder as the notebook's text names them.
-from .ch07b_first_kernels import (reference_attend, reference_logsumexp,  # noqa: F401
+from .ch07b_first_kernels import (BUILDERS as FIRST_BUILDERS, MISTAKES as FIRST_MISTAKES,
+                                  PICTURES as FIRST_PICTURES, REFERENCES as FIRST_REFERENCES,
+                                  reference_attend, reference_logsumexp,  # noqa: F401
                                   reference_slots_per_request)
-from .ch07b_paged_kernels import (reference_copy_blocks, reference_merge,  # noqa: F401
+from .ch07b_paged_kernels import (BUILDERS as PAGED_BUILDERS, MISTAKES as PAGED_MISTAKES,
+                                  PICTURES as PAGED_PICTURES, REFERENCES as PAGED_REFERENCES,
+                                  reference_copy_blocks, reference_merge,  # noqa: F401
                                   reference_split_partials, reference_table_width)
 from .puzzle_cases import reference_gather, reference_paged_attention  # noqa: F401
 
@@ -30,11 +35,11 @@ __all__ = ["check_kernel_puzzle", "trace_kernel_puzzle", "show_reference", "prin
 
 # ----------------------------------------------------------------- the ladder
 
-_BUILDERS = {**first.BUILDERS, **paged.BUILDERS}
+_BUILDERS = {**FIRST_BUILDERS, **PAGED_BUILDERS}
 PUZZLES = tuple(sorted(_BUILDERS))
 _built: dict = {}
 
-_PICTURE = {**first.PICTURES, **paged.PICTURES}
+_PICTURE = {**FIRST_PICTURES, **PAGED_PICTURES}
 
 
 def puzzle(n: int) -> Puzzle:
@@ -53,7 +58,7 @@ def check_kernel_puzzle(n: int, fn, timeout: float = 60.0) -> CheckReport:
     return check_puzzle(puzzle(n), fn, timeout)
 
 
-_REFERENCES = {**first.REFERENCES, **paged.REFERENCES}
+_REFERENCES = {**FIRST_REFERENCES, **PAGED_REFERENCES}
 
 
 def show_reference(n: int) -> None:
@@ -71,7 +76,7 @@ def trace_kernel_puzzle(n: int, fn) -> None:
 
 
 #: The mistakes each puzzle's check names, in the order it tries them.
-MISTAKES = {**first.MISTAKES, **paged.MISTAKES}
+MISTAKES = {**FIRST_MISTAKES, **PAGED_MISTAKES}
 
 
 def print_puzzle_mistakes(width: int = 79) -> None:
