@@ -15,6 +15,7 @@ One concept per module:
 - ``figures``, ``calculator``: matplotlib figures and the budget calculator;
 - ``kv_buffer``: chapter 1's picture of the KV buffer and its per-layer views;
 - ``fragmentation``: chapter 2's plots and its ipywidgets explorer;
+- ``slot_picture``: chapter 5's block-major cache, token by token;
 - ``explorables`` (+ ``explore*.js``): figures recomputed in the page by a
   small JavaScript module as the reader moves the controls, no kernel needed.
 
@@ -47,6 +48,7 @@ _EXPORTS = {
                     "figures"),
     **dict.fromkeys(["BudgetCalculator", "plot_budget", "plot_shared_card"], "calculator"),
     **dict.fromkeys(["page_offsets", "plot_kv_buffer"], "kv_buffer"),
+    **dict.fromkeys(["plot_slots", "slot_owners"], "slot_picture"),
     **dict.fromkeys(["Explorable", "budget_explorer", "prefix_explorer", "slots_explorer", "tail_explorer"], "explorables"),
     **dict.fromkeys(["PART_COLORS", "PART_LABELS", "draw_extents", "plot_tail_residues",
                      "plot_composition", "composition_table", "plot_concurrency",
