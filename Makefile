@@ -10,7 +10,7 @@ NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
-.PHONY: help install node_modules pdf test-pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-notebooks test-book test-site test-live execute gpu lab clean
+.PHONY: help install node_modules pdf test-pdf book test test-lib test-fuzz fuzz test-compile-quick test-compile test-citations test-terms test-notebooks test-book test-site test-live execute gpu lab clean
 
 help:
 	@echo "make book      build the website into _build/html from the committed outputs"
@@ -19,6 +19,7 @@ help:
 	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-citations  every vLLM and SGLang line the book cites, checked against the released wheels;"
 	@echo "               each chapter's main-text words and citations"
+	@echo "make test-terms every glossary term defined or linked where it first appears (not yet in make test)"
 	@echo "make test-site the built site in headless Chromium at 1280 and 390 px, light and dark: errors,"
 	@echo "               widths, views, explorables, keyboard, axe-core (after test-book)"
 	@echo "make pdf       the whole book as one PDF, _build/pdf/book.pdf (offline; Chromium, pdftotext)"
@@ -87,6 +88,13 @@ test-compile: $(STAMP)
 # 3,500 words or 2 citations in its main text.
 test-citations: $(STAMP)
 	$(PY) -m tools.citations --check --report
+
+# Every glossary term (book/glossary.md) must first appear, in _toc.yml's
+# reading order, as its definition (**term**) or a {term} link, both for a
+# reader who opens the asides and one who skips them (tools/terms.py has the
+# matching rules). Not yet part of `make test`: the chapters are being linked.
+test-terms: $(STAMP)
+	$(PY) -m tools.terms --check
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest $(NBVAL) -q -n 2 --dist loadfile $(NOTEBOOKS)
