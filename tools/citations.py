@@ -14,7 +14,7 @@ vLLM's and SGLang's source"):
 * a **link** to the cited lines at the release tag, its text the cited name in
   a code span (or a "quoted fragment" of a comment or message):
   ``[`free_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py#L816-L849)``,
-  ``[`alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator.py#L41-L114)``;
+  ``[`alloc_extend_naive`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py#L41-L114)``;
   the anchor is ``#L<first>-L<last>`` or ``#L<line>``. A link to another tag
   or branch, a malformed anchor, a link to a file without lines, or a path
   outside the package (``vllm/``, ``python/sglang/``) is a problem.
@@ -28,8 +28,8 @@ vLLM's and SGLang's source"):
 Either way the file must be in the wheel, the range inside the file, and the
 name in the cited lines (give or take ``SLACK`` lines). An SGLang code span
 that names a file without lines (the form the book used before SGLang was
-pinned) is counted as one to convert and listed; so is, under ``--report``,
-every citation in markdown still written as a code span rather than a link.
+pinned) is listed as one to convert; the citations in markdown still written
+as code spans rather than links are counted (per chapter under ``--report``).
 
 **Asides and the budget.** In markdown (notebook cells, book pages) an aside
 is a colon-fence dropdown titled exactly ``In vLLM 0.33.0`` or
