@@ -651,7 +651,8 @@ def budget_problems(all_stats: list[ChapterStats]) -> list[str]:
         if len(main) > MAX_MAIN_CITATIONS:
             problems.append(f"{s.source}: {len(main)} citations in the main text (at most "
                             f"{MAX_MAIN_CITATIONS}; the rest go into asides):")
-            problems += [f"    {c.where()}: {c.name or c.path}" for c in main]
+            problems += [f"    {c.where()}: " + (f'"{c.name}"' if c.quoted else c.name or c.path).replace("\n", " ")
+                         for c in main]
     return problems
 
 
