@@ -225,3 +225,118 @@ def test_a_cycle_is_reported_not_followed_forever():
     report = checks.check_free_block_queue(Cycle, timeout=5)
     assert verdicts(report)[4] is False
     assert "never reaches the tail sentinel" in report.results[4].detail
+
+
+# ------------------------------------------------- issue 36: attribution
+def test_a_popleft_n_bug_is_reported_under_popleft_n_not_append_n():
+    # The new first block keeps its stale back link, but only on a queue of
+    # 7 popped by 4: every other size is right.
+    class Bugged(SolutionQueue):
+        def popleft_n(self, n):
+            taken = super().popleft_n(n)
+            if n == 4 and taken and self.num_free_blocks == 3:
+                self.fake_free_list_head.next_free_block.prev_free_block = taken[-1]
+                taken[-1].next_free_block = None
+            return taken
+
+    report = checks.check_free_block_queue(Bugged)
+    by_name = {r.name.split(" ")[0]: r for r in report.results}
+    assert not by_name["popleft_n(n)"].passed
+    assert "popleft_n(4) on a fresh queue of 7" in by_name["popleft_n(n)"].detail
+
+
+def test_a_setup_broken_by_popleft_n_names_popleft_n():
+    # Correct on a fresh queue (ids in order), wrong once blocks were linked
+    # back in out of order: the prepend_n line must name the popleft_n that
+    # set its queue up.
+    class OutOfOrderBug(SolutionQueue):
+        def popleft_n(self, n):
+            first = self.fake_free_list_head.next_free_block
+            taken = super().popleft_n(n)
+            if len(taken) > 1 and taken[0].block_id > taken[1].block_id:
+                taken[0].next_free_block = first  # a stale link left behind
+            return taken
+
+    report = checks.check_free_block_queue(OutOfOrderBug, cases=5)
+    lines = {r.name.split("(")[0]: r for r in report.results}
+    detail = lines["prepend_n"].detail
+    assert not lines["prepend_n"].passed
+    assert "after popleft_n(5) of the queue [2, 0, 4, 5, 6]" in detail
+    assert "set up this property: the bug is in popleft_n" in detail
+    assert lines["popleft_n"].passed and lines["append_n"].passed
+
+
+def test_the_exercise_text_names_popleft_n_not_popleft():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("exercises", "solutions"):
+        nb = json.loads((root / folder / "03_block_pool.ipynb").read_text())
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert "`popleft`" not in text, folder
+
+
+# ------------------------------------------- issue 36: the prediction task
+from pagedkv.checks import ch03_queue_prediction as qp  # noqa: E402
+
+
+def test_the_prediction_passes_and_an_empty_one_prints_one_line(capsys):
+    assert checks.check_free_queue_prediction([6, 5, 4, 2])
+    report = checks.check_free_queue_prediction(None)
+    assert report.stub and not report and report.picture is None
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "\u274c prediction: not made yet (write it into predicted_queue, then run this cell)"
+
+
+def test_the_list_model_replays_the_library_trace():
+    pool, _ = qp.run_queue_trace()
+    assert qp.queue_model() == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    models = [m.model() for m in qp.QUEUE_MISTAKES]
+    assert qp.queue_model() not in models and len(set(map(tuple, models))) == len(models)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("predicted, said, name", [
+    ([2, 6, 5, 4], "position 0 holds block 6, not 2", "every freed block at the tail"),
+    ([4, 5, 6, 2], "position 0 holds block 6, not 4", "B's blocks in reverse"),
+    ([6, 5, 4, 2, 1], "block 1 is held by D", "D's block left in the queue"),
+    ([6, 5, 4, 7], "block 7 is held by C", "hashed blocks at the head"),
+    ([6, 5, 4], "block 2 is free too", None),
+])
+def test_a_wrong_prediction_is_named_and_drawn_side_by_side(predicted, said, name):
+    report = checks.check_free_queue_prediction(predicted)
+    detail = report.results[0].detail
+    assert not report and said in detail
+    assert (f"Diagnosis: {name}" in detail) if name else "Diagnosis" not in detail
+    picture = report.picture
+    assert "What the trace leads to" in picture and "Your prediction" in picture
+    assert picture.count("class='pagedkv-pool'") == 2  # the book's render_pool, twice
+    assert "free queue from its head: 6 5 4 2*" in picture
+    shown = " ".join(str(b) + ("*" if b == 2 else "") for b in predicted if b not in (1, 7))
+    assert f"free queue from its head: {shown}" in picture
+
+
+@pytest.mark.parametrize("predicted, said", [
+    ("6542", "expected the free queue as a list of block ids"),
+    ([6, 5, 4, 2.0], "expected the free queue as a list of block ids"),
+    ([0, 6, 5, 4], "block 0 is the null block"),
+    ([6, 6, 5, 4, 2], "a block is in the queue once at most"),
+    ([6, 5, 4, 12], "there is no block 12"),
+])
+def test_a_malformed_prediction_is_a_red_line_not_a_crash(predicted, said):
+    report = checks.check_free_queue_prediction(predicted)
+    assert not report and said in report.results[0].detail
+
+
+def test_the_exercise_shows_the_trace_the_checker_runs():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("exercises", "solutions"):
+        nb = json.loads((root / folder / "03_block_pool.ipynb").read_text())
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert qp.QUEUE_TRACE in text, folder

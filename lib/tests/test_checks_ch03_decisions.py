@@ -1,4 +1,5 @@
-"""Chapter 3's decision checkers: free_blocks, free_request and touch inside a real KVCacheManager.
+"""Chapter 3's decision checkers: free_blocks, free_request, touch, get_new_blocks and
+find_longest_cache_hit inside a real KVCacheManager.
 
 The solution passes; each common mistake fails with its named diagnosis.
 """
@@ -189,7 +190,7 @@ def test_the_new_solutions_pass(capsys):
     assert checks.check_get_new_blocks(get_new_blocks)
     assert checks.check_find_longest_cache_hit(find_longest_cache_hit)
     out = capsys.readouterr().out
-    assert "\u274c" not in out and out.count("\u2705") == 4 + 3
+    assert "\u274c" not in out and out.count("\u2705") == 5 + 3
 
 
 def test_the_new_stubs_print_one_line(capsys):
@@ -238,8 +239,7 @@ def _getter(*, evict="both", whole_entry=False, check=True, words=True,
     (_getter(evict="map"), "hash not reset"),
     (_getter(whole_entry=True), "every block under the hash dropped"),
     (_getter(ref=False), "ref_cnt not set"),
-    (_getter(words=False), "not refused in vLLM's words"),
-    (_getter(check=False), "not refused in vLLM's words"),
+    (_getter(words=False), "the refusal does not name the count"),
 ])
 def test_each_get_new_blocks_mistake_is_named(fn, name):
     report = checks.check_get_new_blocks(fn, seeds=4)
@@ -258,9 +258,14 @@ def test_refusing_after_popping_is_named():
         return get_new_blocks(pool, 0) or blocks
 
     report = checks.check_get_new_blocks(pops_then_refuses, seeds=2)
-    assert not report.results[2].passed
+    assert not report.results[3].passed
     assert "Diagnosis: refused after changing the pool" in (
-        report.results[2].detail)
+        report.results[3].detail)
+
+
+def test_leaving_the_refusal_to_the_queue_passes():
+    # The queue's own popleft_n refuses before any change, naming the count.
+    assert checks.check_get_new_blocks(_getter(check=False), seeds=2)
 
 
 def _finder(*, cap=-1, skip=False, touch=False, pair=False):
@@ -297,3 +302,76 @@ def test_each_cache_hit_mistake_is_named(fn, passed, name):
     assert all(p is None or p == g for p, g in zip(passed, got))
     failed = [r for r in report.results if not r.passed]
     assert failed and all(f"Diagnosis: {name}" in r.detail for r in failed)
+
+
+# ------------------------------------------------------------- issue 36
+def test_freeing_the_null_block_without_the_null_rule_is_caught():
+    # vLLM's loop without its `if block.is_null: continue`: the null block's
+    # ref_cnt goes from 0 to -1 and it is never queued, which the pool's
+    # queue alone does not show.
+    def no_null_rule(pool, ordered_blocks):
+        first, last = [], []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                (first if block.block_hash is None else last).append(block)
+        pool.free_block_queue.prepend_n(first)
+        pool.free_block_queue.append_n(last)
+
+    report = checks.check_free_blocks(no_null_rule, free_request)
+    assert verdicts(report) == [True, False, True, True]
+    assert "freeing the null block took its ref_cnt to -1" in report.results[1].detail
+    assert "Diagnosis: the null block's ref_cnt changed" in report.results[1].detail
+
+
+def test_an_off_by_one_refusal_is_caught_by_a_case_that_names_the_operation():
+    def refuses_at_equal(pool, n):
+        if n >= pool.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks from the pool")
+        return get_new_blocks(pool, n)
+
+    report = checks.check_get_new_blocks(refuses_at_equal, seeds=2)
+    line = report.results[2]
+    assert not line.passed and line.name.startswith("exactly n free is enough")
+    assert "4 free, get_new_blocks(4): got ValueError(" in line.detail
+    assert "Diagnosis: off by one in the refusal" in line.detail
+    assert [r.passed for r in report.results[:2]] == [True, True]
+
+
+@pytest.mark.parametrize("words", [
+    "Cannot get {n} free blocks from the pool",  # vLLM 0.33.0's
+    "cannot get num_blocks={n} new blocks: only {free} are free",  # the library's
+    "asked for {n} blocks, {free} free",
+])
+def test_any_value_error_that_names_the_count_passes(words):
+    def fn(pool, n):
+        free = pool.free_block_queue.num_free_blocks
+        if n > free:
+            raise ValueError(words.format(n=n, free=free))
+        return get_new_blocks(pool, n)
+
+    assert checks.check_get_new_blocks(fn, seeds=2)
+
+
+@pytest.mark.parametrize("exc", [ValueError("pool exhausted"), RuntimeError("Cannot get 5 free blocks"),
+                                 ValueError("only 4 free")])
+def test_a_refusal_without_the_count_or_of_another_type_fails(exc):
+    def fn(pool, n):
+        if n > pool.free_block_queue.num_free_blocks:
+            raise exc
+        return get_new_blocks(pool, n)
+
+    report = checks.check_get_new_blocks(fn, seeds=2)
+    line = report.results[3]
+    assert not line.passed and "expected a ValueError whose message names the 5 blocks" in line.detail
+    assert "Diagnosis: the refusal does not name the count" in line.detail
+
+
+def test_the_library_refuses_as_the_exercise_asks():
+    from pagedkv.block_pool import BlockPool
+    from pagedkv.checks.ch03_allocation import names_count
+
+    pool = BlockPool(5)
+    with pytest.raises(ValueError) as info:
+        pool.get_new_blocks(5)
+    assert names_count(info.value, 5)

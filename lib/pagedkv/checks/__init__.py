@@ -14,6 +14,8 @@ from .ch05_slot_mapping import *  # noqa: F401,F403
 from .ch06_copy_on_write import *  # noqa: F401,F403
 from .ch07_paged_attention import *  # noqa: F401,F403
 from .ch03_pool_decisions import *  # noqa: F401,F403
+from .ch03_allocation import *  # noqa: F401,F403
+from .ch03_queue_prediction import check_free_queue_prediction  # noqa: F401
 from .ch06_manager_decisions import *  # noqa: F401,F403
 from .ch08_serving_engine import *  # noqa: F401,F403
 from .ch07b_kernel_puzzles import (check_kernel_puzzle, print_puzzle_mistakes, show_reference,  # noqa: F401
