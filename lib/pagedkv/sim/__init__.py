@@ -1,4 +1,4 @@
-"""What the chapters simulate: the allocators paging replaced, workloads, the seed's allocator.
+"""What the chapters simulate: the allocators paging replaced, workloads, the reference allocator.
 
 None of it serves a model; each module models one idea well enough to measure
 it:
@@ -12,7 +12,7 @@ it:
 - ``waste_sim``: the waste simulator (``simulate``, ``run_all``);
 - ``deque_pool``: the deque-backed block pool chapter 3 races against
   ``BlockPool``;
-- ``paged_kv``: the seed's CPU reference allocator ``PagedKV`` (owners, pins,
+- ``paged_kv``: the book's CPU reference allocator ``PagedKV`` (owners, pins,
   copy-on-write), and ``paged_kv_trial``, its randomized trial;
 - ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6);
 - ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by

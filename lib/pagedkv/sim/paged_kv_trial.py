@@ -1,4 +1,4 @@
-"""A randomized trial of the seed's ``PagedKV`` against an oracle of plain Python lists.
+"""A randomized trial of the reference allocator ``PagedKV`` against an oracle of plain Python lists.
 
 ``random_trial(cls, seed, n_ops)`` runs seeded create/append/fork/pin/unpin/
 release operations on ``cls`` (``PagedKV`` or a subclass with a changed branch)

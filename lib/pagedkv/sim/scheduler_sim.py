@@ -1,4 +1,4 @@
-"""A small admission and cleanup scheduler on the seed's ``PagedKV`` (chapter 6).
+"""A small admission and cleanup scheduler on the reference allocator ``PagedKV`` (chapter 6).
 
 :class:`SchedulerSim` runs a trace of requests on ``paged_kv.PagedKV`` with
 two safety mechanisms that can be turned off to see what each protects
