@@ -62,7 +62,7 @@ reuse).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from .block_pool import BlockPool
@@ -75,15 +75,33 @@ __all__ = ["KVCacheManager", "PrefixCacheStats", "InvariantError"]
 
 @dataclass(frozen=True)
 class PrefixCacheStats:
-    """Prefix-cache lookups since the last reset: requests looked up, tokens queried, tokens hit."""
+    """Prefix-cache lookups of admitted requests since the last reset (vLLM's ``PrefixCacheStats``).
+
+    ``requests``, ``queries`` (tokens looked up) and ``hits`` (tokens found)
+    count requests admitted for the first time; a preempted request admitted
+    again counts in the ``preempted_*`` fields instead, as in vLLM, so the
+    hit rate is that of new requests.
+    """
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> "PrefixCacheStats":
+        """These statistics with one more admitted request (vLLM's ``record``; ours returns a new object)."""
+        if preempted:
+            return replace(self, preempted_requests=self.preempted_requests + 1,
+                           preempted_queries=self.preempted_queries + num_tokens,
+                           preempted_hits=self.preempted_hits + num_hits)
+        return replace(self, requests=self.requests + 1, queries=self.queries + num_tokens,
+                       hits=self.hits + num_hits)
 
 
 class KVCacheManager:
@@ -163,7 +181,22 @@ class KVCacheManager:
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookups recorded by ``record_prefix_cache_stats`` (at admission) since the last reset."""
         return self._stats
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count an admitted request's lookup: ``request.num_tokens`` queried, ``num_hits`` found.
+
+        The scheduler calls it once the request's slots are allocated (vLLM's
+        "record at admission so unscheduled lookups are not counted"), not
+        ``get_computed_blocks``, which a request that keeps waiting repeats
+        every step. A request with ``num_preemptions > 0`` counts as
+        preempted. Nothing is counted with prefix caching off.
+        """
+        if not self.enable_caching:
+            return
+        preempted = getattr(request, "num_preemptions", 0) > 0
+        self._stats = self._stats.record(request.num_tokens, num_hits, preempted)
 
     def reset_prefix_cache_stats(self) -> PrefixCacheStats:
         """Return the statistics so far and start counting afresh."""
@@ -218,7 +251,8 @@ class KVCacheManager:
         Stops at the first miss; capped at ``request.num_tokens - 1`` tokens.
         When the hit ends inside a block, the last block is shared and only
         partly valid: ``allocate_slots`` will give the request a private copy.
-        Counts one lookup in the prefix-cache statistics; changes nothing else.
+        Changes nothing (the statistics count a lookup when the request is
+        admitted: ``record_prefix_cache_stats``).
         """
         self._bind(request)
         if request.request_id in self.req_to_blocks:
@@ -239,8 +273,6 @@ class KVCacheManager:
         if partial is not None:
             blocks.append(partial[0])
             num_tokens += partial[1]
-        s = self._stats
-        self._stats = PrefixCacheStats(s.requests + 1, s.queries + request.num_tokens, s.hits + num_tokens)
         return blocks, num_tokens
 
     # ---------------------------------------------------------- allocation

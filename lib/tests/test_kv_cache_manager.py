@@ -489,11 +489,21 @@ def test_prefix_cache_stats_and_reset():
     m = KVCacheManager(num_blocks=20, block_size=4)
     a = Request("a", list(range(9)), max_tokens=1)
     _run_prefill(m, a)
-    m.get_computed_blocks(Request("b", list(range(8)) + [99], max_tokens=1))
+    m.record_prefix_cache_stats(a, 0)  # the scheduler records at admission
+    b = Request("b", list(range(8)) + [99], max_tokens=1)
+    for _ in range(3):  # lookups alone (a request that keeps waiting) count nothing
+        assert m.get_computed_blocks(b)[1] == 8
+    assert m.prefix_cache_stats == PrefixCacheStats(requests=1, queries=9, hits=0)
+    m.record_prefix_cache_stats(b, 8)
     stats = m.prefix_cache_stats
     assert stats == PrefixCacheStats(requests=2, queries=18, hits=8)
     assert stats.hit_rate == pytest.approx(8 / 18)
     assert m.reset_prefix_cache_stats() == stats and m.prefix_cache_stats.queries == 0
+    b.num_preemptions = 1  # a preempted request admitted again counts apart, as in vLLM
+    m.record_prefix_cache_stats(b, 4)
+    assert m.prefix_cache_stats == PrefixCacheStats(preempted_requests=1, preempted_queries=9,
+                                                    preempted_hits=4)
+    assert m.prefix_cache_stats.hit_rate == 0.0
     assert m.reset_prefix_cache() is False  # a holds blocks
     m.free(a)
     assert m.reset_prefix_cache() is True

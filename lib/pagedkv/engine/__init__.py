@@ -23,7 +23,10 @@ Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
 - One process, synchronous steps: ``num_computed_tokens``
   advances after the forward pass, where vLLM advances it at scheduling time
   for its asynchronous scheduler; a synchronous engine cannot tell the difference.
-- ``watermark`` defaults to 0.01 (vLLM 0.33's scheduler default is 0.0).
+- Each ``step()`` is called by the caller, as in vLLM's in-process engine
+  core: after the last request finishes, the idle step that reports the
+  finished ids (vLLM's background engine core takes it on its own) comes with
+  the next ``step()``, or before the next request is queued.
 - ``kv_cache_memory_bytes`` left at None means "profile" on a GPU and 1 GiB on a CPU.
 - The prefix-cache hit rate is cumulative since the engine started (vLLM's
   logger reports the last 1,000 requests); like vLLM it counts admissions of

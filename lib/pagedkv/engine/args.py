@@ -36,6 +36,7 @@ CLI_FLAGS: dict[str, str | None] = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "enable_prefix_caching": "--enable-prefix-caching",
     "enable_chunked_prefill": "--enable-chunked-prefill",
+    "scheduler_reserve_full_isl": "--scheduler-reserve-full-isl",
     "watermark": "--watermark",
     "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "prefix_match_unit": "--prefix-match-unit",
@@ -116,6 +117,9 @@ class EngineArgs:
         enable_prefix_caching: reuse cached blocks of identical prefixes.
         enable_chunked_prefill: split long prompts across steps; off, a prompt
             that does not fit the step's remaining budget waits.
+        scheduler_reserve_full_isl: admit a waiting request only if its whole
+            prompt fits the free blocks, not only the chunk this step
+            computes (vLLM 0.33.0's default, True; ``SchedulerConfig``).
         watermark: fraction of the pool an admission must leave free.
         kv_cache_memory_bytes: KV pool bytes; None: profile the GPU, or
             1 GiB on a CPU.
@@ -141,6 +145,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # vLLM 0.33.0: SchedulerConfig.watermark defaults to 0.0 (off)
     kv_cache_memory_bytes: int | None = None
     prefix_match_unit: int | None = None
@@ -160,6 +165,7 @@ class EngineArgs:
         check_int(self.max_num_batched_tokens, "EngineArgs.max_num_batched_tokens", 1)
         check_bool(self.enable_prefix_caching, "EngineArgs.enable_prefix_caching")
         check_bool(self.enable_chunked_prefill, "EngineArgs.enable_chunked_prefill")
+        check_bool(self.scheduler_reserve_full_isl, "EngineArgs.scheduler_reserve_full_isl")
         check_real(self.watermark, "EngineArgs.watermark", minimum=0, maximum=1, open_max=True)
         if self.kv_cache_memory_bytes is not None:
             check_int(self.kv_cache_memory_bytes, "EngineArgs.kv_cache_memory_bytes", 1)

@@ -92,7 +92,8 @@ class LLMEngine:
                                                enable_caching=args.enable_prefix_caching,
                                                hash_block_size=args.hash_block_size, watermark=args.watermark)
         self.scheduler = Scheduler(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
-                                   max_model_len, args.enable_chunked_prefill, allocate_with_preemption)
+                                   max_model_len, args.enable_chunked_prefill, allocate_with_preemption,
+                                   scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
         self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
                              self.kernel_backend)
         self.block_table = self.worker.block_table
@@ -172,7 +173,15 @@ class LLMEngine:
         return token_ids, params
 
     def _enqueue(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a prepared request (its n children for n > 1) under a free id."""
+        """Queue a prepared request (its n children for n > 1) under a free id.
+
+        An engine that has gone idle owing its idle step (every request
+        finished, their ids not yet reported) takes that step first: vLLM's
+        engine core runs it as soon as the last request finishes, so a new
+        request's first step never reports the ids of requests gone before it.
+        """
+        if self.scheduler.has_finished_requests() and not self.scheduler.has_unfinished_requests():
+            self._pending_outputs = self.step()  # the idle step; outputs waiting for step() stay waiting
         parent = ParentRequest(request_id, params) if params.n > 1 else None
         ids = [request_id] if parent is None else parent.child_ids
         detokenize = None if self.tokenizer is None else self.tokenizer.decode
@@ -250,14 +259,22 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """One scheduler step and one forward pass; outputs of every request that got a token (or was aborted)."""
+        """One scheduler step and one forward pass; outputs of every request that got a token (or was aborted).
+
+        It steps while the scheduler has requests, unfinished or finished
+        but not yet reported (vLLM's ``EngineCore.step``, which asks
+        ``Scheduler.has_requests``): the step after the last request finishes
+        is an idle one, with nothing scheduled and their ids in
+        ``finished_req_ids``. Then, and only then, ``step()`` does nothing.
+        """
         outputs, self._pending_outputs = self._pending_outputs, []
-        if not self.scheduler.requests:  # nothing unfinished
+        if not self.scheduler.has_requests():
             return outputs
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.last_scheduler_output = out
-        if out.total_num_scheduled_tokens == 0 and not self.scheduler.running and not out.preempted_req_ids:
+        if (out.total_num_scheduled_tokens == 0 and not self.scheduler.running and not out.preempted_req_ids
+                and self.scheduler.waiting):
             head = self.scheduler.waiting[0]
             raise RuntimeError(
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "

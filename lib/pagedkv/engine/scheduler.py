@@ -20,8 +20,12 @@ One step, in order:
    just had to preempt has no room to admit): front first, while
    ``max_num_seqs`` and the budget allow, each looked up in the prefix cache
    (``get_computed_blocks``) and given slots for the rest of its prompt, or
-   for the chunk the budget allows. The first that does not fit stops the
-   admissions (first come, first served).
+   for the chunk the budget allows. With ``scheduler_reserve_full_isl`` (on
+   by default, as in vLLM) a request is admitted only if its *whole* prompt
+   fits the free blocks, even when this step computes one chunk of it. The
+   first that does not fit stops the admissions (first come, first served).
+   An admitted request's prefix-cache lookup is counted then, not before: a
+   request refused three times counts once.
 
 The decisions of a step come back as a ``SchedulerOutput``, which the worker
 executes and a chapter can print.
@@ -33,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..common import require
+from ..common import cdiv, check_bool, require
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
@@ -204,6 +208,10 @@ class Scheduler:
         allocate_with_preemption: the preemption loop,
             ``(scheduler, request, num_new_tokens) -> blocks | None``
             (default ``preempt_last_running``).
+        scheduler_reserve_full_isl: vLLM's name and default (True): admit a
+            waiting request only if its whole prompt (its full input
+            sequence length) fits the free blocks, not just this step's
+            chunk; False checks only the chunk (see ``whole_prompt_fits``).
 
     ``running`` is a list in admission order (a resumed request rejoins at the
     end); ``waiting`` a ``WaitingQueue``; ``requests`` every unfinished request
@@ -212,12 +220,14 @@ class Scheduler:
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, enable_chunked_prefill: bool = True,
-                 allocate_with_preemption: AllocateWithPreemption | None = None) -> None:
+                 allocate_with_preemption: AllocateWithPreemption | None = None,
+                 scheduler_reserve_full_isl: bool = True) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.scheduler_reserve_full_isl = check_bool(scheduler_reserve_full_isl, "scheduler_reserve_full_isl")
         self.allocate_with_preemption: AllocateWithPreemption = allocate_with_preemption or preempt_last_running
         self.running: list[EngineRequest] = []
         self.waiting = WaitingQueue()
@@ -274,6 +284,18 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def has_finished_requests(self) -> bool:
+        """Requests finished (or aborted) since the last step, whose ids the next ``schedule()`` reports."""
+        return bool(self._finished_since_last_step)
+
+    def has_requests(self) -> bool:
+        """vLLM's test for whether the engine must step: unfinished requests, or finished ones not yet reported.
+
+        So after the last request finishes there is one more step, an idle
+        one: nothing is scheduled and its ``finished_req_ids`` names them.
+        """
+        return self.has_unfinished_requests() or self.has_finished_requests()
 
     @property
     def num_running(self) -> int:
@@ -364,6 +386,8 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
                 break  # the whole prompt must fit this step: it waits
             num_new_tokens = min(num_new_tokens, self._token_budget)
+            if self.scheduler_reserve_full_isl and not self.whole_prompt_fits(request, hit_blocks, num_hit):
+                break  # its whole prompt does not fit: it waits, and so does everyone behind it
             # vLLM's watermark applies only when other requests are scheduled.
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit, hit_blocks,
                                                 has_scheduled_reqs=bool(self.running))
@@ -371,6 +395,8 @@ class Scheduler:
                 break  # first come, first served: nobody overtakes the front
             self.waiting.popleft()
             resumed = request.status == RequestStatus.PREEMPTED
+            # Counted at admission, as vLLM does, so lookups of a request that waits are not.
+            manager.record_prefix_cache_stats(request, num_hit)
             if not resumed and manager.enable_caching:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += num_hit
@@ -384,6 +410,27 @@ class Scheduler:
             out.num_prefix_hit_tokens[rid] = num_hit
             out.new_block_ids[rid] = manager.get_block_ids(rid)
             self._token_budget -= num_new_tokens
+
+    def whole_prompt_fits(self, request: EngineRequest, hit_blocks: list[KVCacheBlock], num_hit: int) -> bool:
+        """vLLM's admission gate: do the free blocks hold the request's whole sequence, past its prefix hit?
+
+        The blocks ``allocate_slots`` would take for all ``request.num_tokens``
+        tokens (capped at ``max_model_len``) at once: those past the hit, the
+        private copy of a hit that ends inside a block, the hit blocks that
+        sit in the free queue (touching takes them off it), and the
+        watermark when other requests run. Nothing changes. vLLM asks it of
+        ``allocate_slots(..., full_sequence_must_fit=True)``; ours asks it
+        here, so a manager whose ``allocate_slots`` is replaced (the
+        exercises') keeps its signature.
+        """
+        manager = self.kv_cache_manager
+        B = manager.block_size
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        needed = max(cdiv(num_tokens, B) - len(hit_blocks), 0)
+        needed += bool(hit_blocks) and num_hit % B != 0
+        needed += sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        watermark = manager.watermark_blocks if self.running else 0
+        return needed + watermark <= manager.get_num_free_blocks()
 
     # ----------------------------------------------------------------- update
     def update_from_output(self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,
