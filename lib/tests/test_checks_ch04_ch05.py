@@ -385,7 +385,7 @@ def by_hand(table, num_reqs, finished_rows):
 def test_condense_solution_passes(capsys):
     assert checks.check_condense(condense)
     out = capsys.readouterr().out
-    assert "\u274c" not in out and out.count("\u2705") == 4
+    assert "\u274c" not in out and out.count("\u2705") == 5
 
 
 def test_condense_stub_prints_one_line(capsys):
@@ -398,10 +398,10 @@ def test_condense_stub_prints_one_line(capsys):
 
 
 @pytest.mark.parametrize("kwargs, name, verdict", [
-    (dict(reverse=True), "moved the wrong way", [False, True, False, False]),
-    (dict(clear=False), "stale rows left", [False, False, False, False]),
-    (dict(stable=True), "the order kept", [False, True, False, False]),
-    (dict(skip_finished=False), "a finished row moved", [True, False, False, False]),
+    (dict(reverse=True), "moved the wrong way", [False, False, True, False, False]),
+    (dict(clear=False), "stale rows left", [False, False, False, False, False]),
+    (dict(stable=True), "the order kept", [False, False, True, False, False]),
+    (dict(skip_finished=False), "a finished row moved", [True, False, False, False, False]),
 ])
 def test_each_condense_mistake_is_named(kwargs, name, verdict):
     report = checks.check_condense(lambda *a: condense(*a, **kwargs))
@@ -412,8 +412,8 @@ def test_each_condense_mistake_is_named(kwargs, name, verdict):
 
 def test_condense_lengths_left_behind_are_named():
     report = checks.check_condense(by_hand)
-    assert verdicts(report)[2] is False
-    assert "Diagnosis: num_blocks_per_row not moved" in report.results[2].detail
+    assert verdicts(report)[3] is False
+    assert "Diagnosis: num_blocks_per_row not moved" in report.results[3].detail
 
 
 def test_condense_must_return_the_moves():
@@ -449,7 +449,7 @@ def test_table_bytes_stub_prints_one_line():
     (dict(align=False), "no alignment", [True, False, False, True, False]),
     (dict(floor=True), "floor instead of cdiv", [True, False, False, True, False]),
     (dict(step=lambda b: max(128 // b, 1)), "alignment step 128 // block_size",
-     [True, False, False, True, False]),
+     [True, False, True, True, False]),
     (dict(pad=0), "SGLang's padding row forgotten", [False, True, True, False, False]),
 ])
 def test_each_table_bytes_mistake_is_named(kwargs, name, verdict):
@@ -464,3 +464,125 @@ def test_table_bytes_wrong_types_are_red_lines():
     assert not report and "expected (vllm_bytes, sglang_bytes)" in report.results[0].detail
     report = checks.check_table_bytes(lambda *a: tuple(x / 1 for x in table_bytes(*a)))
     assert not report and "expected an integer, got float" in report.results[0].detail
+
+
+# -- exercise 4, issue 36: gaps closed, and the prediction task -----------------------------------
+
+
+def test_condense_that_takes_the_finished_rows_as_sorted_is_named():
+    def unsorted(table, num_reqs, finished_rows):
+        for r in finished_rows:
+            table.clear_row(r)
+        holes, last, moves = list(finished_rows), num_reqs - 1, []  # no sort
+        while holes:
+            while last in holes:
+                last -= 1
+            if holes[0] >= last:
+                break
+            hole = holes.pop(0)
+            table.move_row(last, hole)
+            moves.append((last, hole))
+            last -= 1
+        return moves
+
+    report = checks.check_condense(unsorted)
+    assert verdicts(report)[:2] == [True, False]
+    assert "finished_rows [5, 0, 2] (in that order)" in report.results[1].detail
+    assert "Diagnosis: finished rows taken as sorted" in report.results[1].detail
+    assert "Diagnosis: finished rows taken as sorted" in report.results[4].detail
+
+
+def test_rounding_the_window_to_128_tokens_first_is_named_as_such():
+    def window_first(max_num_seqs, max_model_len, block_size):
+        width = -(-(-(-max_model_len // 128) * 128) // block_size)
+        return max_num_seqs * width * 4, (max_num_seqs + 1) * max_model_len * 4
+
+    report = checks.check_table_bytes(window_first)
+    failed = [r for r in report.results if not r.passed]
+    assert verdicts(report) == [True, False, True, True, False]
+    assert all("Diagnosis: window rounded to 128 tokens first" in r.detail for r in failed)
+    assert not any("cdiv(" in r.detail or "128 // block_size" in r.detail.split("Diagnosis")[1]
+                   for r in failed)
+
+
+def test_table_bytes_block_sizes_are_multiples_of_16():
+    from pagedkv.checks import ch04_block_table as ch4
+
+    seen = []
+    ch4_bytes = ch4.table_bytes_reference
+
+    def spy(max_num_seqs, max_model_len, block_size):
+        seen.append(block_size)
+        return ch4_bytes(max_num_seqs, max_model_len, block_size)
+
+    assert checks.check_table_bytes(spy)
+    assert seen and all(b % 16 == 0 for b in seen)
+    assert all(b % 16 == 0 for _, _, b in ch4._PROBES)
+
+
+def test_the_exercise_does_not_import_what_it_asks_for():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    nb = json.loads((root / "exercises" / "04_block_table.ipynb").read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "block_table_width" not in code
+
+
+from pagedkv.checks import ch04_table_prediction as tp  # noqa: E402
+
+ROWS = [[3, 7, 11], [5, 6, 13], [4, 9, 2], [12, 10], []]
+
+
+def test_the_table_prediction_passes_and_an_empty_one_prints_one_line(capsys):
+    assert checks.check_table_prediction(ROWS)
+    assert checks.check_table_prediction([tuple(r) for r in ROWS])
+    report = checks.check_table_prediction(None)
+    assert report.stub and not report and report.picture is None
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "\u274c prediction: not made yet (write it into predicted_rows, then run this cell)")
+
+
+def test_the_table_model_replays_the_library_trace():
+    table = tp.run_table_trace()
+    assert tp.table_model() == [table.row(r) for r in range(5)] == ROWS
+    models = [m.model() for m in tp.TABLE_MISTAKES]
+    assert ROWS not in models and len({repr(m) for m in models}) == len(models)
+
+
+@pytest.mark.parametrize("predicted, said, name", [
+    ([[3, 7, 11], [5, 6, 13], [4, 9, 2], [12, 10], [5, 6]], "row 4 (-): you predicted [5, 6]",
+     "the moved row left in place"),
+    ([[3, 7, 11], [13], [4, 9, 2], [12, 10], []], "row 1 (t): you predicted [13]",
+     "the length left behind"),
+    ([[11], [13], [4, 9, 2], [12, 10], []], "row 0 (p): you predicted [11]",
+     "an append that overwrites"),
+    ([[3, 7, 11], [5, 6, 13], [4, 9, 2], [8, 12, 10], []], "row 3 (u)", None),
+])
+def test_a_wrong_table_prediction_is_named_and_drawn_side_by_side(predicted, said, name):
+    report = checks.check_table_prediction(predicted)
+    detail = report.results[0].detail
+    assert not report and said in detail
+    assert (f"Diagnosis: {name}" in detail) if name else "Diagnosis" not in detail
+    picture = report.picture
+    assert picture.count("class='pagedkv-block-table'") == 2  # render_block_table, twice
+    assert "What the trace leads to" in picture and "Your prediction" in picture
+    assert picture.index("the trace") < picture.index("your prediction")
+
+
+@pytest.mark.parametrize("predicted", ["rows", [[1]] * 4, [[1.5], [], [], [], []], 7])
+def test_a_malformed_table_prediction_is_a_red_line(predicted):
+    report = checks.check_table_prediction(predicted)
+    assert not report and "expected rows 0-4 as a list of 5 lists" in report.results[0].detail
+
+
+def test_the_exercise_shows_the_trace_the_checker_runs():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("exercises", "solutions"):
+        nb = json.loads((root / folder / "04_block_table.ipynb").read_text())
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert tp.TABLE_TRACE in text, folder

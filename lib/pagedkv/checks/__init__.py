@@ -10,6 +10,7 @@ from .ch01_memory_budget import *  # noqa: F401,F403
 from .ch02_fragmentation import *  # noqa: F401,F403
 from .ch03_block_pool import *  # noqa: F401,F403
 from .ch04_block_table import *  # noqa: F401,F403
+from .ch04_table_prediction import check_table_prediction  # noqa: F401
 from .ch05_slot_mapping import *  # noqa: F401,F403
 from .ch06_copy_on_write import *  # noqa: F401,F403
 from .ch07_paged_attention import *  # noqa: F401,F403

@@ -18,12 +18,18 @@ The learner practises chapter 4's table:
 ``condense`` runs on random batches, on a real ``BlockTable``, and is compared
 with a reference written here (vLLM's loop) and with the library's own
 ``move_row``/``clear_row``; the table is read through its public ``np``,
-``num_blocks_per_row`` and ``check()``. A difference is compared with models
-of the common mistakes (moves in the wrong direction, finished rows left
-stale, lengths not moved, the order kept, a finished row moved). The byte
-counts are compared with ``block_table_width`` and ``ReqToTokenPool`` and with
-an oracle, and a wrong count with the mistakes' counts (no alignment, floor
-for cdiv, no padding row...).
+``num_blocks_per_row`` and ``check()``. Half the random batches list their
+finished rows out of order, as a set would. A difference is compared with
+models of the common mistakes (moves in the wrong direction, finished rows
+left stale, lengths not moved, the order kept, a finished row moved, the
+finished rows taken as sorted). The byte counts are compared with
+``block_table_width`` and ``ReqToTokenPool`` and with an oracle, on block
+sizes that are multiples of 16 (vLLM's CUDA backends accept no others), and
+a wrong count with the mistakes' counts (no alignment, the window rounded to
+128 tokens before it is cut into blocks, floor for cdiv, no padding row...).
+
+The prediction task of the exercise (the rows a scripted trace leaves) is
+``ch04_table_prediction``.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ def _state(table: BlockTable) -> tuple[list[list[int]], list[int]]:
 
 def _model_condense(cells, lengths, num_reqs, finished, *, clear=True,
                     reverse=False, lengths_move=True, stable=False,
-                    skip_finished=True, stop=True):
+                    skip_finished=True, stop=True, sort=True):
     """The table after condensing, and the moves, with one piece changed."""
     cells = np.array(cells)
     lengths = np.array(lengths)
@@ -82,7 +88,7 @@ def _model_condense(cells, lengths, num_reqs, finished, *, clear=True,
                 move(src, tgt)
                 moves.append((src, tgt))
         return cells.tolist(), lengths.tolist(), moves
-    holes = sorted(set(finished))
+    holes = sorted(set(finished)) if sort else list(finished)
     last = num_reqs - 1
     while holes:
         while skip_finished and last in holes:
@@ -109,27 +115,32 @@ def condense_reference(cells, lengths, num_reqs, finished):
 
 
 CONDENSE_MISTAKES = [
-    Mistake("moved the wrong way", "move_row(src, tgt) copies src into tgt "
-            "and clears src: the source is the last live row, the target the "
-            "hole, move_row(last, hole)",
+    Mistake("moved the wrong way", "the moves copy a hole into a live row: "
+            "a move takes the last live row into the lowest hole, so the "
+            "live requests end up in rows 0 .. n - 1",
             lambda *a: _model_condense(*a, reverse=True)),
-    Mistake("stale rows left", "clear every finished row first (vLLM's "
-            "remove_request does): a finished row past the new end is never "
-            "moved into, and would keep naming blocks that are freed",
+    Mistake("stale rows left", "a finished row still names its blocks: "
+            "they are freed, and a row past the new end that is never moved "
+            "into would keep pointing at blocks other requests now hold",
             lambda *a: _model_condense(*a, clear=False)),
-    Mistake("num_blocks_per_row not moved", "copying cells by hand leaves the "
-            "lengths behind: use table.move_row(src, tgt), which moves the "
-            "length with the blocks and clears both in the source",
+    Mistake("num_blocks_per_row not moved", "the cells moved but the "
+            "lengths stayed behind: a row is its cells and its length, and "
+            "the kernels read exactly num_blocks_per_row[r] cells of row r",
             lambda *a: _model_condense(*a, lengths_move=False)),
-    Mistake("the order kept", "vLLM does not shift every row down: it moves "
+    Mistake("the order kept", "every live row was shifted down: vLLM moves "
             "only the last live row into each hole, one move per hole below "
-            "the new end", lambda *a: _model_condense(*a, stable=True)),
-    Mistake("a finished row moved", "skip finished rows when you look for "
-            "the last live row: moving one fills a hole with a request that "
-            "has left", lambda *a: _model_condense(*a, skip_finished=False)),
-    Mistake("a row moved up", "stop when the lowest hole is not below the "
-            "last live row: a move never goes to a higher row",
+            "the new end, so the batch order changes",
+            lambda *a: _model_condense(*a, stable=True)),
+    Mistake("a finished row moved", "a finished request was moved into a "
+            "hole: the row moved in must be the last one still live, so the "
+            "search for it steps over finished rows",
+            lambda *a: _model_condense(*a, skip_finished=False)),
+    Mistake("a row moved up", "a move went to a higher row: once the lowest "
+            "hole is not below the last live row the batch is dense",
             lambda *a: _model_condense(*a, stop=False)),
+    Mistake("finished rows taken as sorted", "finished_rows comes in any "
+            "order ([5, 0, 2]): the lowest hole is the smallest of them, not "
+            "the first listed", lambda *a: _model_condense(*a, sort=False)),
 ]
 
 
@@ -150,6 +161,8 @@ def _random_batch(rng: np.random.Generator):
               for _ in range(num_reqs)]
     k = int(rng.integers(0, num_reqs + 1))
     finished = sorted(rng.choice(num_reqs, size=k, replace=False).tolist())
+    if rng.random() < 0.5:  # the caller's order: vLLM's removed set has none
+        finished = rng.permutation(finished).tolist()
     return rows, width, blocks, num_reqs, finished
 
 
@@ -231,9 +244,24 @@ def check_condense(fn, cases: int = 150, seed: int = 0) -> CheckReport:
 
         c.prop("the chapter's batch: q and s finish, t moves into q's row",
                worked_example,
-               "clear rows 1 and 3; the last live row (4, request t) goes "
-               "into the lowest hole (1); then the lowest hole (3) is not "
-               "below the last live row (2): stop", diagnose)
+               "which row is the lowest hole, which the last live row, and "
+               "when is the batch dense?", diagnose)
+
+        unsorted = (8, 3, [[1, 2], [3], [4, 5, 6], [7], [8, 9], [10], [11]],
+                    7, [5, 0, 2])
+
+        def any_order():
+            before, got, want, _ = _run_condense(fn, unsorted)
+            if got != want:
+                raise WrongAnswer(
+                    f"7 requests, finished_rows [5, 0, 2] (in that order): "
+                    f"expected moves {want[2]} giving "
+                    f"{_show(want[0], want[1], range(7))}; got moves "
+                    f"{got[2]} giving {_show(got[0], got[1], range(7))}",
+                    _diagnose_condense(fn, [unsorted]) or diagnose())
+
+        c.prop("finished rows in any order: [5, 0, 2] is rows 0, 2 and 5",
+               any_order, "which hole is filled first?", diagnose)
 
         def no_stale_rows():
             for case in batches:
@@ -251,8 +279,8 @@ def check_condense(fn, cases: int = 150, seed: int = 0) -> CheckReport:
 
         c.prop("every row past the condensed batch is empty: no stale row",
                no_stale_rows,
-               "table.clear_row(r) for every finished row, and move with "
-               "table.move_row, which clears the row it vacates", diagnose)
+               "which call empties a finished row that no move reaches, and "
+               "what happens to the row a move vacates?", diagnose)
 
         def lengths_follow():
             for case in batches:
@@ -266,8 +294,8 @@ def check_condense(fn, cases: int = 150, seed: int = 0) -> CheckReport:
 
         c.prop("num_blocks_per_row moves with the blocks (table.check() "
                "holds)", lengths_follow,
-               "edit the table only through its methods: move_row and "
-               "clear_row keep the lengths and the cells in step", diagnose)
+               "a row is its cells and its length: which of the table's "
+               "methods keep both in step?", diagnose)
 
         def randomized():
             for k, case in enumerate(batches):
@@ -284,9 +312,8 @@ def check_condense(fn, cases: int = 150, seed: int = 0) -> CheckReport:
 
         c.prop(f"{cases} random batches match vLLM's condense, rows and "
                "moves", randomized,
-               "holes = sorted(finished_rows); last = num_reqs - 1; for each "
-               "hole: skip finished rows at the end, stop when hole >= last, "
-               "else move_row(last, hole), record it, last -= 1", diagnose)
+               "the message lists the rows before and after: replay the "
+               "moves by hand", diagnose)
     return c.report
 
 
@@ -295,6 +322,8 @@ catalogue(check_condense, CONDENSE_MISTAKES)
 
 # --------------------------------------------------------------- table_bytes
 def _width(max_model_len, block_size, *, blocks="cdiv", step="gcd"):
+    if blocks == "window":  # the window rounded up to 128 tokens, then cut in blocks
+        return cdiv(cdiv(max_model_len, 128) * 128, block_size)
     n = (cdiv(max_model_len, block_size) if blocks == "cdiv"
          else max_model_len // block_size)
     if step == "none":
@@ -322,29 +351,34 @@ def table_bytes_reference(max_num_seqs, max_model_len, block_size):
 
 
 BYTES_MISTAKES = [
-    Mistake("no alignment", "vLLM 0.33.0 rounds the row up to cover a "
-            "multiple of 128 tokens: block_table_width(max_model_len, "
-            "block_size), not cdiv(max_model_len, block_size)",
-            lambda *a: _model_bytes(*a, step="none")),
-    Mistake("floor instead of cdiv", "a window that is not a multiple of the "
-            "block size needs one more block for its last tokens: "
-            "cdiv(max_model_len, block_size), then align",
-            lambda *a: _model_bytes(*a, blocks="floor")),
-    Mistake("floor and no alignment", "columns = cdiv(max_model_len, "
-            "block_size), rounded up to a multiple of 128 tokens",
+    Mistake("no alignment", "the row has just the blocks the window needs: "
+            "vLLM 0.33.0 widens it so that it covers a whole multiple of 128 "
+            "tokens", lambda *a: _model_bytes(*a, step="none")),
+    Mistake("window rounded to 128 tokens first", "the row was cut from "
+            "the window rounded up to 128 tokens: vLLM rounds the block "
+            "count instead, up to a count whose tokens are a multiple of "
+            "128; the two agree only when the block size divides 128 (at 48 "
+            "tokens a block, 192 tokens need 4 blocks, widened to 8, not 6)",
+            lambda *a: _model_bytes(*a, blocks="window", step="none")),
+    Mistake("floor instead of cdiv", "the window's last tokens have no "
+            "column: a window that ends inside a block still needs that "
+            "block", lambda *a: _model_bytes(*a, blocks="floor")),
+    Mistake("floor and no alignment", "the row neither holds the window's "
+            "last partial block nor covers a multiple of 128 tokens",
             lambda *a: _model_bytes(*a, blocks="floor", step="none")),
-    Mistake("alignment step 128 // block_size", "the step in blocks is "
-            "128 // gcd(128, block_size): with 48-token blocks 8 blocks "
-            "(384 tokens) are the first whole multiple of 128 tokens",
+    Mistake("alignment step 128 // block_size", "the row was widened in "
+            "steps of 128 // block_size blocks: for a block size that does "
+            "not divide 128 those steps are not whole multiples of 128 "
+            "tokens (at 48 tokens a block, 2 blocks are 96 tokens; the first "
+            "whole multiple is 8 blocks, 384 tokens)",
             lambda *a: _model_bytes(*a, step="floor")),
-    Mistake("aligned to 128 blocks", "the alignment is 128 tokens, not 128 "
-            "blocks: round the block count up to a multiple of "
-            "128 // gcd(128, block_size)",
+    Mistake("aligned to 128 blocks", "the row was widened to a multiple of "
+            "128 blocks: the alignment is 128 tokens",
             lambda *a: _model_bytes(*a, step="blocks")),
-    Mistake("SGLang's padding row forgotten", "req_to_token has "
-            "max_num_seqs + 1 rows: row 0 is a padding row, never handed out",
+    Mistake("SGLang's padding row forgotten", "req_to_token has one row "
+            "more than requests: row 0 is a padding row, never handed out",
             lambda *a: _model_bytes(*a, pad=0)),
-    Mistake("int64 cells", "both tables hold int32: 4 bytes a cell",
+    Mistake("int64 cells", "both tables hold int32 cells, 4 bytes each",
             lambda *a: _model_bytes(*a, cell=8)),
 ]
 
@@ -367,9 +401,10 @@ def _library_bytes(max_num_seqs, max_model_len, block_size):
     return vllm, sglang
 
 
-#: Cases on which the mistakes' answers differ from each other.
+#: Cases on which the mistakes' answers differ from each other. Every block
+#: size is a multiple of 16, as vLLM's CUDA attention backends require.
 _PROBES = [(4, 200, 48), (3, 129, 16), (2, 1000, 96), (5, 300, 256),
-           (1, 40, 7)]
+           (1, 100, 48), (1, 129, 96), (1, 100, 160), (1, 400, 256)]
 
 
 def _bytes_case(fn, args, what, only=None) -> None:
@@ -394,34 +429,36 @@ def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
         c.prop("256 x 32,768 tokens at B=16: 2,097,152 and 33,685,504 bytes",
                lambda: _bytes_case(fn, (256, 32_768, 16),
                                    "the chapter's setup"),
-               "vLLM: 256 x 2,048 x 4 bytes; SGLang: (256 + 1) x 32,768 x 4")
+               "how many int32 cells does each table hold, and SGLang's "
+               "rows: how many?")
 
         def aligned():
-            for args in ((4, 192, 16), (4, 1_000, 48), (2, 4_096, 96),
-                         (3, 1_000, 256)):
+            for args in ((4, 192, 16), (4, 192, 48), (4, 1_000, 48),
+                         (2, 4_096, 96), (3, 1_000, 256)):
                 _bytes_case(fn, args, "vLLM's width", only=0)
 
         c.prop("vLLM's row covers a multiple of 128 tokens (192 at B=16: 16 "
                "columns)", aligned,
-               "columns = cdiv(max_model_len, block_size), rounded up to a "
-               "multiple of 128 // math.gcd(128, block_size) blocks")
+               "the row's blocks times the block size must be a multiple of "
+               "128: for which block counts is that so?")
 
         def partial_block():
-            for args in ((4, 129, 16), (2, 1_025, 128), (1, 40, 7)):
+            for args in ((4, 129, 16), (2, 1_025, 128), (1, 400, 256)):
                 _bytes_case(fn, args, "a partial last block", only=0)
 
         c.prop("a window that ends inside a block gets that block's column",
-               partial_block, "cdiv(max_model_len, block_size), never //")
+               partial_block, "where do the window's last tokens go?")
 
         def padding_row():
             for args in ((1, 16, 16), (7, 300, 32)):
                 _bytes_case(fn, args, "SGLang's req_to_token", only=1)
 
         c.prop("SGLang's req_to_token has max_num_seqs + 1 rows", padding_row,
-               "(max_num_seqs + 1) x max_model_len int32 cells: row 0 pads")
+               "which row does SGLang never hand out?")
 
         def randomized():
-            sizes = (1, 8, 16, 32, 48, 64, 96, 128, 256, 544, 1_024)
+            # Multiples of 16, the block sizes vLLM's CUDA backends accept.
+            sizes = (16, 32, 48, 64, 80, 96, 128, 160, 256, 544, 1_024)
             for k in range(cases):
                 bs = sizes[k % len(sizes)]
                 args = (int(rng.integers(1, 65)),
@@ -433,8 +470,7 @@ def check_table_bytes(fn, cases: int = 40, seed: int = 0) -> CheckReport:
 
         c.prop(f"{cases} random setups match block_table_width and "
                "ReqToTokenPool", randomized,
-               "vllm = max_num_seqs x width x 4; sglang = (max_num_seqs + 1) "
-               "x max_model_len x 4")
+               "the message names the setup: work its width out by hand")
     return c.report
 
 
