@@ -124,7 +124,7 @@ def _attention_cases(dtype_name, head_dim, block_size, kind, quick):
     shape = {"decode": "64 x 4k", "prefill": "4 x 2k", "split": "1 x 16k"}[kind]
     cases = []
     for kernel, _grid, args, kwargs in launches:
-        merge = kernel is attn._merge_splits_kernel
+        merge = kernel.fn.__name__ == "_merge_splits_kernel"
         name = (f"merge {shape} {dtype_name} d{head_dim} ({splits} splits)" if merge
                 else f"{kind} {shape} {dtype_name} d{head_dim} b{block_size}")
         row = dict(info, kernel=kernel.fn.__name__, kind="merge" if merge else kind)

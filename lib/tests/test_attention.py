@@ -16,7 +16,8 @@ import torch
 
 import pagedkv
 from pagedkv.kernels import dense_attention_ref, paged_attention, paged_attention_ref
-from pagedkv.kernels.attention import launch_planned, paginate, plan_attention, validated_plan
+from pagedkv.kernels.attention import (attention_partials, launch_planned, merge_partials_ref, paginate,
+                                       plan_attention, split_segments, validated_plan)
 
 DEV = pagedkv.default_device()
 # fp32 never rounds through TF32: the kernel passes input_precision="ieee" to both of its fp32
@@ -180,6 +181,43 @@ def test_one_work_list_serves_every_layer():
         qs = q + layer
         torch.testing.assert_close(launch_planned(plan, qs, *args), paged_attention_ref(qs, *args),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_partials_are_the_split_kernels_and_merge_to_its_output():
+    # One decode token and a 6-token chunk: the chunk's tile has segments past some rows' limits.
+    case, dense = make_case([1, 6], [300, 40], heads=8, kv_heads=2, seed=12)
+    partials, lse2 = attention_partials(**case, num_splits=4)
+    assert partials.shape == (4, 7, 8, 32) and lse2.shape == (4, 7, 8)
+    assert partials.dtype == lse2.dtype == torch.float32
+    assert_close(merge_partials_ref(partials, lse2), paged_attention(**case, num_splits=4), torch.float32)
+    assert_close(merge_partials_ref(partials, lse2), paged_attention_ref(**case), torch.float32)
+    # Each segment's lse is the log-sum-exp of its own keys' scores (base 2), or -inf without keys.
+    plan = validated_plan(**case, num_splits=4)
+    keys = dense["key"][:301, 0].float()
+    scores = keys @ case["q"][0, 0].float() * case["scale"]
+    for s, (lo, hi) in enumerate(split_segments(301, 4, plan.tile_n)):
+        want = torch.logsumexp(scores[lo:hi], 0).item() / math.log(2) if lo < hi else -math.inf
+        assert math.isclose(lse2[s, 0, 0].item(), want, rel_tol=1e-5, abs_tol=1e-5), (s, lo, hi)
+
+
+def test_split_segments_cut_whole_tiles_and_leave_late_splits_empty():
+    assert split_segments(1000, 4, 64) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert split_segments(76, 4, 64) == [(0, 64), (64, 76), (128, 76), (192, 76)]
+    assert split_segments(10, 1, 64) == [(0, 10)]
+    # A row of the chunk that sees no key of a segment has lse -inf there, and the merge still holds.
+    case, _ = make_case([16], [60], heads=4, kv_heads=2, seed=13)
+    plan = validated_plan(**case, num_splits=2)
+    assert split_segments(76, 2, plan.tile_n) == [(0, 64), (64, 76)] and plan.block_q >= 16
+    _, lse2 = attention_partials(**case, num_splits=2)
+    assert torch.isinf(lse2[1, :4]).all() and torch.isfinite(lse2[1, 4:]).all()  # positions 60..63
+    assert torch.isfinite(lse2[0]).all()
+
+
+def test_partials_refuse_a_single_split():
+    case, _ = make_case([1], [20], seed=14)
+    for bad in (1, 0, True, 2.0):
+        with pytest.raises(ValueError, match="num_splits"):
+            attention_partials(**case, num_splits=bad)
 
 
 # ------------------------------------------------------------------ refused inputs

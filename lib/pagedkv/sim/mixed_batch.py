@@ -20,7 +20,7 @@ import textwrap
 import torch
 
 from ..block_table import BlockTable
-from ..kernels import attention as _attention_module
+from ..kernels import attention_kernel as _attention_module
 from ..kernels import reshape_and_cache
 from ..kv_cache_manager import KVCacheManager
 
@@ -103,7 +103,7 @@ class MixedBatchDriver:
 
 
 def kernel_main_loop_source(width: int = 79) -> str:
-    """The paged-attention kernel's loop over key tiles, as it stands in ``kernels/attention.py``.
+    """The paged-attention kernel's loop over key tiles, as it stands in ``kernels/attention_kernel.py``.
 
     Read from the module's source at call time (the first ``for`` statement
     after the first ``@triton.jit`` and its body), dedented, so the text is

@@ -1,9 +1,10 @@
 """Chapter 7's kernel excerpts: the paged-attention kernel printed in parts, from its source.
 
-``kernel_part(name)`` returns one part of ``pagedkv/kernels/attention.py`` as
-text that fits the book's column (79 characters). The parts are found with
-``ast`` in the module's source, read at call time, so the chapter prints the
-code that runs, whatever lines it sits on:
+``kernel_part(name)`` returns one part of the paged-attention kernel's modules
+(``pagedkv/kernels/attention_kernel.py``, ``attention_merge.py``,
+``attention_plan.py``) as text that fits the book's column (79 characters).
+The parts are found with ``ast`` in their module's source, read at call time,
+so the chapter prints the code that runs, whatever lines it sits on:
 
 - ``"arguments"``: the kernel's parameters, with their comments;
 - ``"prologue"``: program ids to request, KV head, query tile and split; the
@@ -12,16 +13,18 @@ code that runs, whatever lines it sits on:
   softmax's state, the first block ids;
 - ``"loop"``: the loop over key tiles;
 - ``"epilogue"``: after the loop, the output or the split's partial and lse;
-- ``"merge"``: the whole ``_merge_splits_kernel``;
+- ``"merge"``: the whole ``_merge_splits_kernel`` (``attention_merge``);
 - ``"launch"``: the launch list that ``kernel_launches`` builds (the
   arguments the wrapper passes, constexprs, ``num_warps``, ``num_stages``);
-- ``"tiles"``: ``_tile_config``, which picks ``TILE_N``, ``num_warps`` and
-  ``num_stages``, with the comment above it.
+- ``"tiles"``: ``_tile_config`` (``attention_plan``), which picks ``TILE_N``,
+  ``num_warps`` and ``num_stages``, with the comment above it.
 
 ``kv_buffer_summary()`` reads the committed compile report
 (``book/compile_report.json``, from ``tools/compile_check.py``) and tabulates
 the K/V buffers the compiler gave the main loop, per kind of launch, dtype
-and head_dim, for sm_90 and sm_80.
+and head_dim, for sm_90 and sm_80; ``kernel_prediction()`` gives one
+configuration's registers, shared memory and programs per SM. Both are what
+the ahead-of-time compile predicts, not measurements on a GPU.
 
 A line longer than the width gets its trailing comment on lines of its own
 above it, and long code is broken after a comma inside brackets (aligned
@@ -36,18 +39,20 @@ import json
 import textwrap
 from pathlib import Path
 
-from ..kernels import attention as _attention_module
+from ..kernels import attention_kernel, attention_merge, attention_plan
 
-__all__ = ["KERNEL_PARTS", "kernel_part", "kv_buffer_summary"]
+__all__ = ["KERNEL_PARTS", "kernel_part", "kernel_prediction", "kv_buffer_summary", "programs_per_sm"]
 
 KERNEL_PARTS = ("arguments", "prologue", "segment", "loop", "epilogue", "merge", "launch", "tiles")
+# The module each part is read from (the rest: attention_kernel).
+_MODULE_OF = {"merge": attention_merge, "tiles": attention_plan}
 
 
 def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
-    raise LookupError(f"no function {name!r} in kernels/attention.py")
+    raise LookupError(f"no function {name!r} in the module read")
 
 
 def _assigns(stmt: ast.stmt, name: str) -> bool:
@@ -63,6 +68,12 @@ def _span(lines: list[str], first: int, last: int) -> tuple[int, int]:
 
 
 def _line_spans(name: str, lines: list[str], tree: ast.Module) -> tuple[int, int]:
+    if name == "merge":
+        merge = _function(tree, "_merge_splits_kernel")
+        return merge.decorator_list[0].lineno, merge.end_lineno
+    if name == "tiles":
+        fn = _function(tree, "_tile_config")
+        return _span(lines, fn.lineno, fn.end_lineno)
     kernel = _function(tree, "_paged_attention_kernel")
     body = kernel.body
     loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
@@ -77,22 +88,18 @@ def _line_spans(name: str, lines: list[str], tree: ast.Module) -> tuple[int, int
         return body[loop].lineno, body[loop].end_lineno
     if name == "epilogue":
         return _span(lines, body[loop + 1].lineno, body[-1].end_lineno)
-    if name == "merge":
-        merge = _function(tree, "_merge_splits_kernel")
-        return merge.decorator_list[0].lineno, merge.end_lineno
     if name == "launch":
         fn = _function(tree, "kernel_launches")
         stmt = next(s for s in fn.body if _assigns(s, "launches"))
         return stmt.lineno, stmt.end_lineno
-    if name == "tiles":
-        fn = _function(tree, "_tile_config")
-        return _span(lines, fn.lineno, fn.end_lineno)
     raise ValueError(f"part must be one of {', '.join(KERNEL_PARTS)}, got {name!r}")
 
 
 def kernel_part(name: str, width: int = 79) -> str:
     """One part of the paged-attention kernel (see the module docstring), dedented and wrapped."""
-    source = inspect.getsource(_attention_module)
+    if name not in KERNEL_PARTS:
+        raise ValueError(f"part must be one of {', '.join(KERNEL_PARTS)}, got {name!r}")
+    source = inspect.getsource(_MODULE_OF.get(name, attention_kernel))
     lines = source.splitlines()
     first, last = _line_spans(name, lines, ast.parse(source))
     text = textwrap.dedent("\n".join(lines[first - 1:last])).strip("\n")
@@ -183,7 +190,7 @@ def kv_buffer_summary() -> str:
         cells.setdefault(key, set()).add(
             (row["sm_90"]["kv_buffers"], row["sm_80"]["kv_buffers"], row["tiles"]["num_stages"]))
     cols = sorted(dims)
-    lines = [f"K/V buffers, sm_90/sm_80 (num_stages); triton {report['triton']}",
+    lines = [f"K/V buffers predicted, sm_90/sm_80 (num_stages); triton {report['triton']}",
              f"{'launch':<8} {'dtype':<5}" + "".join(f"{'d' + str(d):>12}" for d in cols)]
     for kind in ("decode", "split", "prefill"):
         for dtype in ("fp32", "fp16", "bf16"):
@@ -193,3 +200,50 @@ def kv_buffer_summary() -> str:
                 row.append(", ".join(f"{a}/{b} (s{st})" for a, b, st in seen) or "-")
             lines.append(f"{kind:<8} {dtype:<5}" + "".join(f"{c:>12}" for c in row))
     return "\n".join(lines)
+
+
+def kernel_prediction(kind: str = "decode", dtype: str = "bf16", head_dim: int = 128,
+                      block_size: int = 16) -> str:
+    """One compiled configuration of the attention kernel as the compile report predicts it.
+
+    Per target (sm_90, an H200; sm_80, an A100): registers per thread,
+    shared memory per program and the programs one SM holds at once, with
+    the SM's own limits beside them. ``kind`` is ``"decode"``, ``"split"`` or
+    ``"prefill"``.
+    """
+    report = _compile_report()
+    row = _report_row(report, kind, dtype, head_dim, block_size)
+    threads = 32 * row["tiles"]["num_warps"]
+    lines = [f"{kind} {dtype}, head_dim {head_dim}, blocks of {block_size}: "
+             f"{row['tiles']['num_warps']} warps, {threads} threads a program",
+             f"{'predicted, triton ' + report['triton']:<28}{'registers':>10}{'shared (B)':>12}"
+             f"{'programs/SM':>13}"]
+    targets = report["targets"]
+    for target, t in targets.items():
+        fig = row[target]
+        lines.append(f"  {target} ({t['gpu']}){'':<14}{fig['regs']:>10}{fig['shared']:>12,}"
+                     f"{fig['resident']:>13}")
+    limits = [targets[t] for t in targets]
+    both = " / ".join(targets)
+
+    def per(key: str) -> str:
+        return " / ".join(f"{t[key]:,}" for t in limits)
+
+    lines += [f"one SM holds ({both}): {per('registers')} registers,",
+              f"  {per('shared_bytes')} B shared, {per('threads')} threads, "
+              f"{per('blocks')} programs"]
+    return "\n".join(lines)
+
+
+def _report_row(report: dict, kind: str, dtype: str, head_dim: int, block_size: int) -> dict:
+    for row in report["rows"]:
+        if (row.get("kind"), row.get("dtype"), row.get("head_dim"), row.get("block_size")) == (
+                kind, dtype, head_dim, block_size):
+            return row
+    raise LookupError(f"the compile report has no {kind} {dtype} d{head_dim} b{block_size} kernel")
+
+
+def programs_per_sm(kind: str = "split", dtype: str = "bf16", head_dim: int = 128, block_size: int = 16,
+                    target: str = "sm_90") -> int:
+    """The programs of one compiled configuration that one SM holds at once, as the compile report predicts."""
+    return _report_row(_compile_report(), kind, dtype, head_dim, block_size)[target]["resident"]
