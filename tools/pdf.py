@@ -9,6 +9,7 @@
    explorable shows the figures drawn for the settings named under it, and a
    trace replay shows every frame, stacked in order (a strip of frames). Every
    collapsed answer, hint and hidden cell is opened: paper cannot be clicked.
+   Math is typeset by the MathJax the site ships before the page prints.
    (Jupyter Book's own single-page builder, ``singlehtml``, stops on
    myst-nb's hidden cells; its ``pdfhtml`` downloads a browser.)
 2. Chromium (``tools.site_check.Browser``: no host but 127.0.0.1 resolves)
@@ -71,6 +72,7 @@ def chapter_titles(root: Path = REPO) -> dict[str, str]:
     return titles
 
 
+MATHJAX = "_static/mathjax/tex-svg-full.js"  # copied into the site by html_extra_path
 _SCRIPT = re.compile(r"<script\b.*?</script>", re.S | re.I)
 _STYLESHEET = re.compile(r"<link\b[^>]*rel=\"stylesheet\"[^>]*>")
 
@@ -98,9 +100,16 @@ def book_page(html_dir: Path, files: list[str]) -> str:
             head = "".join(_STYLESHEET.findall(text))
         pages.append(f"<div class='pkv-print-page' data-page='{name}'>{article(text, name)}</div>")
     body = "".join(pages)
+    # The pages' math is typeset by the MathJax the site ships (its scripts were
+    # removed with the rest): the same options as the site's pages.
+    math = ""
+    if (html_dir / MATHJAX).is_file():
+        math = ("<script>window.MathJax = {options: {processHtmlClass:"
+                " 'tex2jax_process|mathjax_process|math|output_area'}}</script>"
+                f"<script src='../html/{MATHJAX}'></script>")
     fix = lambda s: s.replace('"../_static/', '"../html/_static/').replace('"../_images/', '"../html/_images/')  # noqa: E731
     return (f"<!doctype html><html lang='en' data-theme='light'><head><meta charset='utf-8'>"
-            f"<title>PagedAttention, hands-on</title>{fix(head)}{PRINT_CSS}</head><body><div class='bd-content'>"
+            f"<title>PagedAttention, hands-on</title>{fix(head)}{PRINT_CSS}{math}</head><body><div class='bd-content'>"
             f"<div class='bd-article-container'>{fix(body)}</div></div></body></html>")
 
 
@@ -108,6 +117,7 @@ _PREPARE_JS = r"""
 (async () => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   await document.fonts.ready;
+  if (window.MathJax && MathJax.startup) await MathJax.startup.promise;
   await Promise.race([Promise.all(Array.from(document.images).map(i => i.complete ? null :
     new Promise(r => { i.onload = i.onerror = r; }))), new Promise(r => setTimeout(r, 20000))]);
   return {images: document.images.length, broken: Array.from(document.images).filter(i => !i.naturalWidth).length,
