@@ -310,3 +310,145 @@ def test_plan_with_tensor_parallelism_is_per_rank():
 def test_device_names_find_their_preset(name, preset):
     gpu = b.gpu_for_device_name(name)
     assert (gpu.name if gpu else None) == preset
+
+
+# ------------------------------------------------- production inputs (issue 39)
+
+LLAMA_31_70B = {  # meta-llama/Llama-3.1-70B-Instruct's config.json, the keys sizing reads
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+    "rope_scaling": {"factor": 8.0, "rope_type": "llama3", "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+    "sliding_window": 131072, "use_sliding_window": False, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False}
+MISTRAL_7B_V01 = {  # mistralai/Mistral-7B-v0.1: every layer a 4,096-token window
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+    "sliding_window": 4096, "torch_dtype": "bfloat16"}
+
+
+def test_config_json_gives_the_presets_shapes_and_parameter_counts():
+    for cfg, preset in [(LLAMA_31_70B, "Llama-3.1-70B"), (QWEN25_7B, "Qwen2.5-7B")]:
+        got, want = b.model_spec_from_config(cfg), b.model_spec(preset)
+        assert (got.num_layers, got.num_attention_heads, got.num_kv_heads, got.head_dim) == \
+            (want.num_layers, want.num_attention_heads, want.num_kv_heads, want.head_dim)
+        assert got.num_params == want.num_params and got.native_context == want.native_context
+        assert b.kv_bytes_per_token(got) == b.kv_bytes_per_token(preset)
+    # Mistral v0.3 drops the window: sized, vocabulary 32,768.
+    v03 = dict(MISTRAL_7B_V01, sliding_window=None, vocab_size=32768)
+    assert b.model_spec_from_config(v03).num_params == 7_248_023_552
+    assert b.model_spec_from_config(dict(v03, vocab_size=32000)).num_params == b.model_spec("Mistral-7B").num_params
+
+
+def test_config_json_dtype_head_dim_and_file(tmp_path):
+    import json
+
+    cfg = dict(LLAMA_31_70B, torch_dtype="float16", head_dim=64)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = b.ModelSpec.from_hf_config(path, name="mine")
+    assert (m.name, m.torch_dtype, m.head_dim) == ("mine", "float16", 64)
+    # "auto" is the checkpoint's dtype; transformers 5 writes "dtype".
+    v5 = {k: v for k, v in LLAMA_31_70B.items() if k != "torch_dtype"}
+    p = b.plan(model=dict(v5, dtype="float32"), dtype="auto", tensor_parallel_size=8,
+               gpu="H200", weight_gib=140)
+    assert p.dtype == "float32" and p.bytes_per_token == 2 * 80 * 1 * 128 * 4
+    assert b.plan(model=LLAMA_31_70B, tensor_parallel_size=4).num_blocks == \
+        b.plan(model="Llama-3.1-70B", tensor_parallel_size=4).num_blocks
+
+
+@pytest.mark.parametrize("change,words", [
+    (MISTRAL_7B_V01, "sliding-window"),
+    (dict(QWEN25_7B, use_sliding_window=True), "sliding-window"),
+    (dict(LLAMA_31_70B, layer_types=["full_attention", "sliding_attention"]), "sliding-window"),
+    (dict(LLAMA_31_70B, model_type="qwen3_next", layer_types=["linear_attention", "full_attention"]),
+     "hybrid"),
+    (dict(LLAMA_31_70B, model_type="nemotron_h", hybrid_override_pattern="M-M*"), "hybrid"),
+    (dict(LLAMA_31_70B, model_type="deepseek_v3", kv_lora_rank=512), "MLA"),
+    (dict(LLAMA_31_70B, model_type="gemma3"), "model_type 'gemma3'"),
+])
+def test_config_json_refuses_what_it_cannot_size_by_name(change, words):
+    assert words in b.unsized_reason(change)
+    with pytest.raises(ValueError, match="cannot size the KV cache") as e:
+        b.model_spec_from_config(change)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({k: v for k, v in LLAMA_31_70B.items() if k != "num_hidden_layers"}, "lacks 'num_hidden_layers'"),
+    (dict(LLAMA_31_70B, num_key_value_heads=7), "not a multiple"),
+    (dict(LLAMA_31_70B, torch_dtype="int4"), "torch_dtype 'int4'"),
+    (dict(LLAMA_31_70B, num_hidden_layers=0), "num_hidden_layers"),
+])
+def test_config_json_bad_keys_are_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        b.model_spec_from_config(bad)
+    with pytest.raises(TypeError):
+        b.model_spec_from_config(42)
+    with pytest.raises(ValueError, match="cannot read"):
+        b.model_spec_from_config("no/such/config.json")
+
+
+SERVER_LOG = """\
+(EngineCore pid=4242) INFO 11-20 10:01:02 [gpu_model_runner.py:5089] Model loading took 32.86 GiB memory and 41.207311 seconds
+(EngineCore pid=4242) INFO 11-20 10:01:40 [gpu_worker.py:773] Available KV cache memory: 31.2 GiB
+(EngineCore pid=4242) INFO 11-20 10:01:41 [kv_cache_utils.py:1149] GPU KV cache size: 408,896 tokens, Maximum concurrency for 32,768 tokens per request: 12.48x
+"""
+
+
+def test_startup_log_is_read_with_any_prefix():
+    log = b.read_startup_log(SERVER_LOG)
+    assert (log.model_loading_gib, log.available_kv_gib, log.kv_cache_tokens, log.max_model_len,
+            log.max_concurrency) == (32.86, 31.2, 408_896, 32_768, 12.48)
+    assert log.non_kv_gib is None and log.derived_non_kv_gib is None
+    s = b.size_from_log(SERVER_LOG, "Llama-3.1-70B", request_len=2_500, tensor_parallel_size=4)
+    assert s.num_blocks == 408_896 // 16 == 25_556 and s.consistent
+    assert s.concurrency == 25_555 // 157 == 162
+    # The wrong TP shows: blocks from the pool disagree with the capacity line.
+    assert not b.size_from_log(SERVER_LOG, "Llama-3.1-70B", 2_500, tensor_parallel_size=2).consistent
+    with pytest.raises(ValueError, match="Available KV cache memory"):
+        b.read_startup_log("INFO Model loading took 3 GiB memory")
+
+
+def test_startup_log_non_kv_from_debug_or_info_lines():
+    debug = ("DEBUG Memory profiling takes 9.10 seconds. Total non KV cache memory: 38.9GiB; torch peak "
+             "memory increase: 5.1GiB; total consumed (from mem_get_info): 33.2GiB; weights memory: 32.86GiB.")
+    log = b.read_startup_log(SERVER_LOG + debug)
+    assert log.non_kv_gib == 38.9 and log.allowance_gib == round(38.9 - 32.86, 2)
+    info = ("INFO Free memory on device (78.9/79.19 GiB) on startup. Desired GPU memory utilization is "
+            "(0.9, 71.27 GiB). Actual usage is 34.1 GiB for consumed memory (weights + non-torch), 4.2 GiB "
+            "for peak activation, and 1.31 GiB for CUDAGraph memory. Replace ...")
+    log = b.read_startup_log(SERVER_LOG + info)
+    assert (log.free_gib, log.total_gib, log.gpu_memory_utilization, log.requested_gib) == (78.9, 79.19, 0.9, 71.27)
+    assert (log.consumed_gib, log.activation_gib, log.cudagraph_gib) == (34.1, 4.2, 1.31)
+    assert log.derived_non_kv_gib == round(71.27 - 31.2, 2)
+
+
+@given(st.integers(2, 400_000), st.sampled_from([16, 32, 64, 128]), st.integers(1, 131_072))
+def test_capacity_line_inverts_to_the_blocks(blocks, block_size, max_model_len):
+    per = b.cdiv(max_model_len, block_size)
+    tokens = int(blocks / per * max_model_len)
+    got = b.blocks_from_log_tokens(tokens, max_model_len, block_size)
+    assert int(got / per * max_model_len) == tokens
+
+
+def test_plan_round_trips_through_its_own_log_lines():
+    # The book's question 1: Llama-3.1-70B on 4 x H100, TP 4, 0.9, 32k, 2k + 500 tokens: 171 in bf16.
+    p = b.plan(model=LLAMA_31_70B, tensor_parallel_size=4, gpu_memory_utilization=0.9,
+               request_len=2_500, max_model_len=32_768)
+    assert (p.num_blocks, p.blocks_per_request, p.paged_ceiling) == (26_893, 157, 171)
+    lines = b.server_log_lines(p, load_seconds=41.2)
+    s = b.size_from_log("\n".join(lines), LLAMA_31_70B, 2_500, tensor_parallel_size=4)
+    assert s.num_blocks == p.num_blocks and s.concurrency == 171 and s.consistent
+    assert s.log.allowance_gib == 6.0
+    fp8 = b.size_from_log("\n".join(b.server_log_lines(b.plan(
+        model=LLAMA_31_70B, tensor_parallel_size=4, gpu_memory_utilization=0.9, dtype="fp8",
+        request_len=2_500))), LLAMA_31_70B, 2_500, kv_cache_dtype="fp8", tensor_parallel_size=4)
+    assert fp8.concurrency == 342
