@@ -56,10 +56,12 @@ class ModelSpec:
     num_params: int
     native_context: int
     extended_context: int  # with the model's published RoPE scaling; equal to native if none
-    torch_dtype: str = "bfloat16"  # the checkpoint's dtype (config.json's torch_dtype)
+
+    #: The checkpoint's dtype; the presets are all bf16 checkpoints.
+    torch_dtype = "bfloat16"
 
     @classmethod
-    def from_hf_config(cls, config, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, config, name: str | None = None) -> "ConfigModelSpec":
         """A spec from a Hugging Face ``config.json`` (a dict, or the file's path).
 
         See :func:`model_spec_from_config`.
@@ -71,6 +73,13 @@ class ModelSpec:
         if self.num_kv_heads == self.num_attention_heads:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+
+@dataclass(frozen=True)
+class ConfigModelSpec(ModelSpec):
+    """A :class:`ModelSpec` read from a ``config.json``, with the checkpoint's dtype."""
+
+    torch_dtype: str = "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -623,8 +632,8 @@ def unsized_reason(config) -> str | None:
     return None
 
 
-def model_spec_from_config(config, name: str | None = None) -> ModelSpec:
-    """A :class:`ModelSpec` read from a Hugging Face ``config.json``: Llama-, Mistral- or Qwen2-shaped.
+def model_spec_from_config(config, name: str | None = None) -> ConfigModelSpec:
+    """A :class:`ConfigModelSpec` read from a Hugging Face ``config.json``: Llama-, Mistral- or Qwen2-shaped.
 
     Reads the layers (``num_hidden_layers``), the query and KV heads
     (``num_key_value_heads``, absent meaning one per query head), the head size
@@ -689,8 +698,8 @@ def model_spec_from_config(config, name: str | None = None) -> ModelSpec:
         extended = max(context, int(original * factor))
     if name is None:
         name = str(c.get("_name_or_path") or c.get("model_type"))
-    return ModelSpec(name, layers, heads, kv_heads, head_dim, params, context, extended,
-                     _HF_DTYPES[raw_dtype])
+    return ConfigModelSpec(name, layers, heads, kv_heads, head_dim, params, context, extended,
+                           _HF_DTYPES[raw_dtype])
 
 
 def _resolve_dtype(dtype, m: ModelSpec):
