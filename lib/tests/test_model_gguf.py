@@ -230,6 +230,21 @@ def test_truncated_file(small, tmp_path, keep):
         load_gguf(cut)
 
 
+@pytest.mark.parametrize("what, name", [("metadata key", b"general.architecture"),
+                                        ("tensor name", b"token_embd.weight")])
+def test_a_key_or_tensor_name_that_is_not_utf8_is_refused(small, tmp_path, what, name):
+    data = write_gguf(tmp_path / "good.gguf", small).read_bytes()
+    at = data.index(name)  # its bytes, after their 8-byte length
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data[:at + 3] + b"\xff" + data[at + 4:])  # same length, one byte not UTF-8
+    message = (rf"bad.gguf: the {what} b'{name[:3].decode()}\\xff{name[4:].decode()}' at byte {at:,} is not "
+               rf"valid UTF-8 \(invalid start byte at byte {at + 3:,}\); GGUF keys and names are UTF-8")
+    with pytest.raises(ValueError, match=message):
+        read_gguf(bad)
+    with pytest.raises(ValueError, match=message):  # refused before any model is built
+        load_gguf(bad)
+
+
 def test_metadata_that_does_not_fit_the_tensors(small, tmp_path):
     from dataclasses import replace
 

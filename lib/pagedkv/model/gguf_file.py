@@ -16,7 +16,10 @@ checked against the bytes that remain before anything is allocated from it,
 and what llama.cpp's reader (``ggml/src/gguf.cpp``) refuses is refused here
 too: nested arrays, a repeated key or tensor name, more than 4 dimensions, an
 empty or overflowing shape, an alignment that is not a power of two, a tensor
-offset that is not aligned.
+offset that is not aligned. Keys and tensor names must be UTF-8, as the format
+says and as the ``gguf`` package's ``GGUFReader`` requires: one that is not is
+refused with its offset (replacement characters could make two names one).
+String values are decoded with replacement characters.
 """
 
 from __future__ import annotations
@@ -74,13 +77,21 @@ class _Cursor:
         self.pos += size
         return value
 
-    def string(self) -> str:
+    def string(self, name: str | None = None) -> str:
+        """A length-prefixed string. ``name`` (what it is) makes it strict: bytes that are not UTF-8
+        are refused, naming it and its offset; without, they become replacement characters."""
         n = self.unpack("<Q")
         if self.pos + n > len(self.data):
             raise ValueError(f"{self.path} is truncated: the GGUF header ends at byte {len(self.data)}")
-        s = bytes(self.data[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        start, raw = self.pos, bytes(self.data[self.pos:self.pos + n])
         self.pos += n
-        return s
+        if name is None:
+            return raw.decode("utf-8", errors="replace")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self.path}: the {name} {raw[:64]!r} at byte {start:,} is not valid UTF-8 "
+                             f"({e.reason} at byte {start + e.start:,}); GGUF keys and names are UTF-8") from None
 
     def value(self, type_id: int, key: str, in_array: bool = False):
         if type_id in _SCALARS:
@@ -170,13 +181,13 @@ def read_gguf(path) -> GGUFFile:
     num_tensors, num_kv = cur.unpack("<Q"), cur.unpack("<Q")
     metadata = {}
     for _ in range(num_kv):  # each pass reads bytes or raises: the loop ends with the file
-        key = cur.string()
+        key = cur.string("metadata key")
         if key in metadata:
             raise ValueError(f"{path}: metadata key {key!r} appears twice")
         metadata[key] = cur.value(cur.unpack("<I"), key)
     infos, names = [], set()
     for _ in range(num_tensors):
-        name = cur.string()
+        name = cur.string("tensor name")
         if name in names:
             raise ValueError(f"{path}: tensor {name!r} appears twice in the tensor directory")
         names.add(name)
