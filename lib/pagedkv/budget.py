@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -396,6 +396,8 @@ class BudgetPlan:
     blocks_per_request: int
     paged_ceiling: int
     tensor_parallel_size: int = 1
+    #: The model itself (a preset or one read from a config.json).
+    spec: ModelSpec | None = field(default=None, repr=False, compare=False)
 
     @property
     def headroom_bytes(self) -> float:
@@ -481,7 +483,7 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
         request_len=request_len,
         blocks_per_request=blocks_per_request(request_len, block_size),
         paged_ceiling=paged_ceiling(blocks, request_len, block_size),
-        tensor_parallel_size=tp,
+        tensor_parallel_size=tp, spec=m,
     )
 
 

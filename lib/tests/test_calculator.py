@@ -133,3 +133,39 @@ def test_a_max_model_len_beyond_the_context_is_vllms_first_refusal():
     msg = startup_error(budget.plan(model="Llama-3-8B", weight_gib=14.96))
     assert msg.startswith("User-specified max_model_len (32768) is greater than the derived max_model_len")
     assert startup_error(budget.plan(model="Llama-3.1-8B", weight_gib=14.96)) is None
+
+
+# ------------------------------------------------- one's own numbers (issue 39)
+
+QWEN_LIKE = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+             "vocab_size": 152064, "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def test_a_plan_from_a_config_json_is_checked_as_its_own_model():
+    p = budget.plan(model=budget.model_spec_from_config(QWEN_LIKE, "my-qwen"), weight_gib=14.2,
+                    max_model_len=32_768)
+    assert startup_error(p) is None
+    assert "my-qwen" in plan_html(p, with_figure=False)
+    long = budget.plan(model=budget.model_spec_from_config(QWEN_LIKE, "my-qwen"), max_model_len=65_536)
+    assert startup_error(long).startswith("User-specified max_model_len (65536)")
+
+
+@needs_widgets
+def test_widget_takes_custom_numbers():
+    pytest.importorskip("ipywidgets")
+    calc = BudgetCalculator(gpu=95_830, model=QWEN_LIKE, non_kv_gib=4.37, weight_gib=14.2)
+    p = calc.current_plan()
+    assert calc.gpu.value == "custom" and p.total_bytes == 95_830 * budget.MiB
+    assert p.non_kv_bytes == pytest.approx(4.37 * budget.GiB) and p.weight_bytes == pytest.approx(14.2 * budget.GiB)
+    assert calc.model.value == "qwen2" and "a 95,830-MiB GPU" in calc.out.value
+    assert "non-KV 4.37 GiB" in calc.out.value
+    # Picking a preset fills its memory; typing another number selects "custom" again.
+    calc.gpu.value = "H200"
+    assert calc.gpu_mib.value == 143_771 and calc.current_plan().total_bytes == 143_771 * budget.MiB
+    calc.gpu_mib.value = 81_000
+    assert calc.gpu.value == "custom" and calc.current_plan().total_bytes == 81_000 * budget.MiB
+    calc.non_kv.value = 7.5
+    assert "non-KV 7.5 GiB" in calc.out.value
+    calc.max_len.value = 20_000  # any number, not only powers of two
+    assert "max_model_len 20,000" in calc.out.value

@@ -1,8 +1,9 @@
 """Chapter 1's budget calculator: a figure of the HBM budget and an interactive view of it.
 
 ``plot_budget(plan)`` draws where a GPU's memory goes. ``BudgetCalculator`` puts
-controls (GPU, model, KV dtype, tensor-parallel size, utilization, non-KV
-allowance, ``max_model_len``, block size, request length) in front of
+controls (GPU or a GPU's memory in MiB, model or a config.json, KV dtype,
+tensor-parallel size, utilization, non-KV allowance, ``max_model_len``, block
+size, request length) in front of
 :func:`pagedkv.budget.plan` and redraws on every change. Like vLLM at startup it
 runs the startup check (:func:`pagedkv.budget.check_enough_kv_cache_memory`)
 and shows its message in red when one ``max_model_len`` request does not fit.
@@ -152,7 +153,7 @@ def rank_model_spec(p: budget.BudgetPlan) -> budget.ModelSpec:
     vLLM runs the startup check on each worker's own KV spec, so under
     tensor parallelism the needed bytes are one rank's.
     """
-    m = budget.model_spec(p.model)
+    m = p.spec or budget.model_spec(p.model)
     tp = p.tensor_parallel_size
     return dataclasses.replace(
         m, num_kv_heads=budget.kv_heads_per_rank(m, tp),
@@ -164,7 +165,7 @@ def startup_error(p: budget.BudgetPlan) -> str | None:
     ``max_model_len`` beyond the model's context, or one such request that does
     not fit the plan's pool (per rank, null block held back)."""
     try:
-        budget.check_max_model_len(p.model, p.max_model_len)
+        budget.check_max_model_len(p.spec or p.model, p.max_model_len)
         budget.check_enough_kv_cache_memory(
             p.pool_bytes, rank_model_spec(p), p.max_model_len,
             p.block_size, p.dtype)
@@ -234,45 +235,77 @@ else:
     class BudgetCalculator(widgets.VBox):
         """Controls in front of ``budget.plan``; the table and figure redraw on every change.
 
+        Every number can be one's own: ``gpu`` is a preset name, a
+        ``GPUSpec`` or a GPU's total memory in MiB (as nvidia-smi prints it);
+        ``model`` a preset name, a ``ModelSpec`` or a Hugging Face
+        ``config.json`` (a dict or its path, :func:`pagedkv.budget.model_spec_from_config`);
+        ``non_kv_gib`` and ``weight_gib`` the figures a server logged
+        (:func:`pagedkv.budget.read_startup_log`). In the widget, "GPU MiB"
+        and "non-KV GiB" take typed numbers; typing a GPU's memory selects
+        "custom".
+
         Two columns of controls, each 340 px wide, fit the book's column; the
         labels get 170 px so ``gpu_memory_utilization`` is not cut off.
         """
+
+        CUSTOM_GPU = "custom"
 
         def __init__(self, gpu="H100 SXM 80GB", model=budget.REFERENCE_MODEL, dtype="bf16",
                      gpu_memory_utilization=0.92, non_kv_gib=6.0, max_model_len=32_768,
                      block_size=16, request_len=612, weight_gib=None,
                      tensor_parallel_size=1):
+            self._models = dict(budget.MODELS)
+            if isinstance(model, str) and model in budget.MODELS:
+                spec = budget.MODELS[model]
+            elif isinstance(model, budget.ModelSpec):
+                spec = model
+            else:  # a config.json, as a dict or a path
+                spec = budget.model_spec_from_config(model)
+            self._models[spec.name] = spec
+            self._custom_mib = 81_559
+            if isinstance(gpu, budget.GPUSpec) and gpu.name not in budget.GPUS:
+                self._custom_mib, gpu_name = gpu.total_mib, self.CUSTOM_GPU
+            elif isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+                self._custom_mib, gpu_name = int(gpu), self.CUSTOM_GPU
+            else:
+                gpu_name = budget.gpu_spec(gpu).name
             # weight_gib (a logged figure) belongs to the model it came with.
-            self._weight_gib, self._weight_model = weight_gib, model
+            self._weight_gib, self._weight_model = weight_gib, spec.name
             style = {"description_width": "170px"}
             layout = widgets.Layout(width="340px")
             kw = {"style": style, "layout": layout}
-            self.gpu = widgets.Dropdown(options=list(budget.GPUS), value=gpu,
+            self.gpu = widgets.Dropdown(options=[*budget.GPUS, self.CUSTOM_GPU], value=gpu_name,
                                         description="GPU", **kw)
-            self.model = widgets.Dropdown(options=list(budget.MODELS), value=model,
+            self.gpu_mib = widgets.BoundedIntText(
+                value=self._gpu_total_mib(gpu_name), min=1, max=10**7, description="GPU MiB",
+                tooltip="total memory as nvidia-smi reports it; typing selects 'custom'", **kw)
+            self.model = widgets.Dropdown(options=list(self._models), value=spec.name,
                                           description="model", **kw)
             self.dtype = widgets.Dropdown(options=["bf16", "fp16", "fp8", "fp32"],
                                           value=dtype, description="KV dtype", **kw)
             self.tp = widgets.Dropdown(
-                options=[1, 2, 4, 8], value=tensor_parallel_size,
+                options=[1, 2, 4, 8, 16], value=tensor_parallel_size,
                 description="tensor_parallel_size",
                 tooltip="GPUs the model is split across; figures are per GPU", **kw)
             self.util = widgets.FloatSlider(
                 value=gpu_memory_utilization, min=0.5, max=1.0, step=0.01,
                 readout_format=".2f", description="gpu_memory_utilization",
                 tooltip="share of each GPU's total memory the engine may use", **kw)
-            self.non_kv = widgets.FloatSlider(value=non_kv_gib, min=0.0, max=20.0, step=0.5,
-                                              description="non-KV GiB", **kw)
-            self.max_len = widgets.Dropdown(options=[2**k for k in range(11, 18)],
-                                            value=max_model_len,
-                                            description="max_model_len", **kw)
+            self.non_kv = widgets.BoundedFloatText(
+                value=non_kv_gib, min=0.0, max=10_000.0, step=0.01, description="non-KV GiB",
+                tooltip="activations and CUDA graphs per GPU, weights excluded: "
+                        "your server's figure (StartupLog.allowance_gib)", **kw)
+            self.max_len = widgets.BoundedIntText(value=max_model_len, min=2, max=1 << 24,
+                                                  description="max_model_len", **kw)
             self.block = widgets.Dropdown(options=[1, 8, 16, 32, 64, 128],
                                           value=block_size, description="block_size", **kw)
-            self.req = widgets.IntSlider(value=request_len, min=1, max=32_768, step=1,
-                                         description="request length", **kw)
+            self.req = widgets.BoundedIntText(value=request_len, min=1, max=1 << 24,
+                                              description="request length", **kw)
             self.out = widgets.HTML()
-            controls = [self.gpu, self.model, self.dtype, self.tp, self.util,
+            controls = [self.gpu, self.gpu_mib, self.model, self.dtype, self.tp, self.util,
                         self.non_kv, self.max_len, self.block, self.req]
+            self.gpu.observe(self._gpu_chosen, names="value")
+            self.gpu_mib.observe(self._mib_typed, names="value")
             for c in controls:
                 c.observe(self._redraw, names="value")
             super().__init__(children=[widgets.HBox([widgets.VBox(controls[:5]),
@@ -280,10 +313,30 @@ else:
                                        self.out])
             self._redraw()
 
+        def _gpu_total_mib(self, name: str) -> int:
+            return self._custom_mib if name == self.CUSTOM_GPU else budget.GPUS[name].total_mib
+
+        def _gpu_chosen(self, change) -> None:
+            if change["new"] != self.CUSTOM_GPU:
+                self.gpu_mib.value = budget.GPUS[change["new"]].total_mib
+
+        def _mib_typed(self, change) -> None:
+            name = self.gpu.value
+            if name != self.CUSTOM_GPU and change["new"] != budget.GPUS[name].total_mib:
+                self._custom_mib = change["new"]
+                self.gpu.value = self.CUSTOM_GPU
+            elif name == self.CUSTOM_GPU:
+                self._custom_mib = change["new"]
+
+        def current_gpu(self) -> budget.GPUSpec:
+            if self.gpu.value == self.CUSTOM_GPU:
+                return budget.GPUSpec(f"a {self._custom_mib:,}-MiB GPU", self._custom_mib, 0.0)
+            return budget.GPUS[self.gpu.value]
+
         def current_plan(self) -> budget.BudgetPlan:
             weight = (self._weight_gib
                       if self.model.value == self._weight_model else None)
-            return budget.plan(gpu=self.gpu.value, model=self.model.value,
+            return budget.plan(gpu=self.current_gpu(), model=self._models[self.model.value],
                                dtype=self.dtype.value,
                                gpu_memory_utilization=round(self.util.value, 4),
                                non_kv_gib=self.non_kv.value,
@@ -296,7 +349,7 @@ else:
             try:
                 return plan_html(self.current_plan())
             except ValueError as exc:
-                settings = (f"{self.gpu.value} · {self.model.value} · KV "
+                settings = (f"{self.current_gpu().name} · {self.model.value} · KV "
                             f"{self.dtype.value} · tensor_parallel_size "
                             f"{self.tp.value} · gpu_memory_utilization "
                             f"{fmt_fraction(self.util.value)}")
