@@ -317,3 +317,158 @@ def test_a_negative_length_for_a_tiny_pool_is_named():
         lambda P, m, B, db: (int(_blocks(P, m, B, db)) - 1) * B, cases=5)
     assert verdicts(report) == [True, True, False, True]
     assert "got -16. Diagnosis: a negative length" in report.results[2].detail
+
+
+# ------------------------------------------------------------- issue 36
+def test_subtracting_the_null_block_in_the_pool_count_is_named():
+    report = checks.check_kv_pool_blocks(lambda *a: blocks_ok(*a) - 1, cases=20)
+    assert not report.results[0].passed
+    assert "expected 26,785, got 26,784" in report.results[0].detail
+    assert "Diagnosis: the null block subtracted" in report.results[0].detail
+
+
+def test_a_float_block_count_is_named_not_given_the_type_message():
+    def float_count(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
+        pool = total_mib * 2**20 * util - (weight_gib + non_kv_gib) * 2**30
+        per_block = block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes * model.num_layers
+        return pool // per_block  # a float: 26785.0
+
+    report = checks.check_kv_pool_blocks(float_count, cases=20)
+    assert not any(r.passed for r in report.results)
+    detail = report.results[0].detail
+    assert "expected the integer 26,785, got 26785.0" in detail
+    assert "Diagnosis: a float block count" in detail and "Hint" not in detail
+
+
+def test_a_quotient_never_floored_is_named():
+    def unfloored(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes):
+        pool = total_mib * 2**20 * util - (weight_gib + non_kv_gib) * 2**30
+        return pool / (block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes * model.num_layers)
+
+    report = checks.check_kv_pool_blocks(unfloored, cases=20)
+    assert "Diagnosis: no floor" in report.results[0].detail
+
+
+def test_no_hint_or_diagnosis_of_the_pool_count_recommends_two_floors():
+    import inspect
+
+    from pagedkv.checks import ch01_memory_budget as ch1
+
+    source = inspect.getsource(ch1.check_kv_pool_blocks)
+    assert "// layers" not in source and "then by the layer count" not in source
+    for m in ch1.POOL_MISTAKES + [ch1.FLOAT_BLOCKS, ch1.UNFLOORED]:
+        assert "then by" not in m.fix
+
+
+def test_pool_and_startup_block_sizes_are_multiples_of_16():
+    seen = []
+
+    def spy_blocks(*args):
+        seen.append(args[5])
+        return blocks_ok(*args)
+
+    def spy_startup(*args):
+        seen.append(args[2])
+        return startup_ok(*args)
+
+    assert checks.check_kv_pool_blocks(spy_blocks, cases=50)
+    assert checks.check_startup_max_model_len(spy_startup, cases=50)
+    assert seen and all(b % 16 == 0 for b in seen), sorted(set(seen))
+
+
+# ------------------------------------- the prediction: three instances on a card
+from pagedkv.checks import ch01_shared_card as card  # noqa: E402
+
+
+def test_the_card_prediction_passes_and_an_empty_one_prints_one_line(capsys):
+    assert checks.check_card_prediction([8_027, 19_236, None])
+    report = checks.check_card_prediction(None)
+    assert report.stub and not report and report.picture is None
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "\u274c prediction: not made yet (write it into predicted_blocks, then run this cell)")
+
+
+def test_the_card_model_replays_the_library_trace():
+    assert card.run_card_trace() == [i["blocks"] for i in card.start_instances(card._STARTS)]
+    models = [m.model() for m in card.CARD_MISTAKES]
+    assert card.run_card_trace() not in models and len({repr(m) for m in models}) == len(models)
+
+
+@pytest.mark.parametrize("predicted, said, name", [
+    ([8_027, 8_027, None], "B: you predicted 8,027 blocks, the trace gives 19,236 blocks",
+     "the same pool for both models"),
+    ([7_909, None, None], "A: you predicted 7,909 blocks", "a share of the free memory"),
+    ([8_027, None, None], "B: you predicted refuses to start", "other instances subtracted"),
+    ([8_027, 19_236, 4_323], "C: you predicted 4,323 blocks, the trace gives refuses to start",
+     "no free-memory check"),
+    ([8_026, 19_235, None], "off by a block or two", "the null block held back"),
+    ([8_027, 19_000, None], "B: you predicted 19,000", None),
+])
+def test_a_wrong_card_prediction_is_named_and_drawn(predicted, said, name):
+    report = checks.check_card_prediction(predicted)
+    detail = report.results[0].detail
+    assert not report and said in detail
+    assert (f"Diagnosis: {name}" in detail) if name else "Diagnosis" not in detail
+    ax = report.picture.axes[0]  # plot_shared_card: one bar each
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["the trace", "your prediction"]
+    assert "the trace: A 8,027 blocks, B 19,236 blocks, C refuses to start" in ax.get_xlabel()
+
+
+@pytest.mark.parametrize("predicted", ["8027", [8027, 19236], [8027.0, 19236, None], [True, 1, None]])
+def test_a_malformed_card_prediction_is_a_red_line(predicted):
+    report = checks.check_card_prediction(predicted)
+    assert not report and "expected a list of three block counts" in report.results[0].detail
+
+
+def test_the_exercise_shows_the_trace_the_checker_runs():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("exercises", "solutions"):
+        nb = json.loads((root / folder / "01_memory_budget.ipynb").read_text())
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert card.CARD_TRACE in text, folder
+
+
+# ---------------------------------------------- the design: two instances
+@pytest.mark.parametrize("pair", [(0.51, 0.28), (0.55, 0.30), (0.60, 0.35), (0.70, 0.28), (0.51, 0.47)])
+def test_any_valid_pair_of_utilizations_passes(pair):
+    assert checks.check_two_instances(lambda: pair)
+
+
+@pytest.mark.parametrize("pair, verdict, said, name", [
+    ((0.50, 0.30), [True, False, True], "9,657 usable blocks hold 247 turns", "too few chat turns"),
+    ((0.60, 0.40), [True, True, False], "Qwen asks for 31.86 GiB but only 30.86 GiB are free",
+     "Qwen asks for more than is left"),
+    ((0.55, 0.27), [True, True, False], "one request of 32,768 tokens needs 2,048",
+     "a pool too small for max_model_len"),
+    ((0.20, 0.30), [False, False, True], "Llama's weights and non-KV allowance fill",
+     "a budget the weights fill"),
+    ((0.51, 0.48), [True, True, False], "free when it starts", "Qwen asks for more than is left"),
+])
+def test_an_invalid_pair_fails_with_its_reason(pair, verdict, said, name):
+    report = checks.check_two_instances(lambda: pair)
+    assert verdicts(report) == verdict
+    failed = [r for r in report.results if not r.passed]
+    assert said in " ".join(r.detail for r in failed)
+    assert f"Diagnosis: {name}" in " ".join(r.detail for r in failed)
+
+
+@pytest.mark.parametrize("answer", [0.5, (0.5,), (0, 0.3), (0.5, 1.2), ("0.5", "0.3"), (True, 0.3)])
+def test_a_malformed_design_is_a_red_line(answer):
+    report = checks.check_two_instances(lambda: answer)
+    assert not report and all("expected a pair" in r.detail for r in report.results)
+
+
+def test_the_design_stub_prints_one_line(capsys):
+    def stub():
+        raise NotImplementedError
+
+    report = checks.check_two_instances(stub)
+    assert report.stub and capsys.readouterr().out.count("\n") == 1
+
+
+def test_the_design_picture_shows_both_instances():
+    fig = checks.plot_two_instances(0.55, 0.30)
+    assert "Llama: 11,697 blocks, Qwen: 4,323 blocks" in fig.axes[0].get_xlabel()

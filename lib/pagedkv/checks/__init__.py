@@ -7,6 +7,7 @@ module per chapter; this package re-exports their ``check_*`` functions.
 
 from ._harness import CheckReport, Checker, PropertyResult  # noqa: F401
 from .ch01_memory_budget import *  # noqa: F401,F403
+from .ch01_shared_card import check_card_prediction, check_two_instances, plot_two_instances  # noqa: F401
 from .ch02_fragmentation import *  # noqa: F401,F403
 from .ch03_block_pool import *  # noqa: F401,F403
 from .ch04_block_table import *  # noqa: F401,F403

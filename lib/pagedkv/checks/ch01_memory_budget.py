@@ -29,7 +29,7 @@ from fractions import Fraction
 
 from .. import budget
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer, catalogue,
-                       expect_int, wrong)
+                       expect_int, name_mistake, wrong)
 
 __all__ = ["check_kv_bytes_per_token", "check_kv_pool_blocks",
            "check_kv_bytes_per_rank", "check_startup_max_model_len"]
@@ -41,10 +41,12 @@ def _oracle_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_byt
 
 
 def _oracle_blocks(total_mib, util, weight_gib, non_kv_gib, model, block_size, dtype_bytes) -> int:
-    # Exact rationals: no float rounding can move the answer across a block boundary.
+    # Exact rationals: no float rounding can move the answer across a block
+    # boundary. One floor, by one block's bytes across all layers, as vLLM
+    # 0.33.0 divides (two floors, by the page then by the layers, agree).
     pool = Fraction(total_mib) * 2**20 * Fraction(str(util)) - (Fraction(str(weight_gib)) + Fraction(str(non_kv_gib))) * 2**30
-    page = block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes
-    return max(0, int(pool // page) // model.num_layers)
+    per_block = block_size * 2 * model.num_kv_heads * model.head_dim * dtype_bytes * model.num_layers
+    return max(0, int(pool // per_block))
 
 
 def _random_model(rng: random.Random) -> budget.ModelSpec:
@@ -56,18 +58,19 @@ def _random_model(rng: random.Random) -> budget.ModelSpec:
 
 # ------------------------------------------------------------------ mistakes
 KV_MISTAKES = [
-    Mistake("K only", "each token stores a key and a value in every layer: "
-            "x 2 (65,536 is half of Llama-3.1-8B's 131,072)",
-            lambda L, H, D, b: L * H * D * b),
-    Mistake("bytes per element forgotten", "this counts elements: multiply "
-            "by dtype_bytes", lambda L, H, D, b: 2 * L * H * D),
-    Mistake("one layer", "every layer stores its own K and V: multiply by "
-            "num_layers", lambda L, H, D, b: 2 * H * D * b),
-    Mistake("bits, not bytes", "dtype_bytes is already in bytes: drop the "
-            "x 8", lambda L, H, D, b: 16 * L * H * D * b),
-    Mistake("dtype ignored", "2 bytes hard-coded: use dtype_bytes",
-            lambda L, H, D, b: 4 * L * H * D),
-    Mistake("a constant", "the answer must depend on the arguments "
+    Mistake("K only", "the count is half the cost: each token stores a key "
+            "and a value in every layer (65,536 is half of Llama-3.1-8B's "
+            "131,072)", lambda L, H, D, b: L * H * D * b),
+    Mistake("bytes per element forgotten", "this counts elements, not "
+            "bytes: an element of a bf16 cache is 2 bytes",
+            lambda L, H, D, b: 2 * L * H * D),
+    Mistake("one layer", "this is one layer's cost: every layer stores its "
+            "own K and V", lambda L, H, D, b: 2 * H * D * b),
+    Mistake("bits, not bytes", "eight times too much: dtype_bytes is "
+            "already in bytes", lambda L, H, D, b: 16 * L * H * D * b),
+    Mistake("dtype ignored", "the same answer for every dtype: an fp8 "
+            "cache costs half a bf16 one", lambda L, H, D, b: 4 * L * H * D),
+    Mistake("a constant", "the answer does not depend on the arguments "
             "(131,072 is Llama-3.1-8B's only)", lambda *a: 131_072),
 ]
 _KV_PROBES = [(3, 5, 7, 1), (3, 5, 7, 4), (2, 1, 64, 2)]
@@ -76,7 +79,7 @@ MiB, GiB = 2**20, 2**30
 
 
 def _float_blocks(total, util, w, n, m, bs, db, *, pool=None, page=None,
-                  layers=True, div=None):
+                  layers=True, div=None, minus=0):
     """The float computation a learner writes, with one piece swapped."""
     if pool is None:
         pool = total * MiB * util - w * GiB - n * GiB
@@ -85,43 +88,57 @@ def _float_blocks(total, util, w, n, m, bs, db, *, pool=None, page=None,
     if div is not None:
         return div(pool / page / (m.num_layers if layers else 1))
     blocks = int(pool // page)
-    return blocks // m.num_layers if layers else blocks
+    return (blocks // m.num_layers if layers else blocks) - minus
 
 
 POOL_MISTAKES = [
     Mistake("rounded total", "81,559 MiB is 79.647 GiB; rounded to 79.65 it "
             "is 2.6 MiB too much, and the reference setup gets 26,786 blocks "
-            "instead of 26,785: keep the exact MiB", lambda T, *r: _float_blocks(round(T / 1024, 2) * 1024, *r)),
-    Mistake("utilization applied after subtracting", "vLLM takes the "
-            "fraction of the whole GPU, then subtracts weights and non-KV "
-            "memory (27,644 is (total - weights - non-KV) x 0.92)",
+            "instead of 26,785: a block count is a floor, and a rounded input "
+            "moves it", lambda T, *r: _float_blocks(round(T / 1024, 2) * 1024, *r)),
+    Mistake("the null block subtracted", "kv_pool_blocks is what vLLM "
+            "allocates, num_gpu_blocks, and that count includes the null "
+            "block: it is held back later, when blocks are handed out and at "
+            "the startup check (26,785 here, 26,784 of them usable)",
+            lambda *a: _float_blocks(*a, minus=1)),
+    Mistake("utilization applied after subtracting", "the budget is a share "
+            "of the whole GPU, and the weights and non-KV memory come out of "
+            "it (27,644 is (total - weights - non-KV) x 0.92)",
             lambda T, u, w, n, *r: _float_blocks(
                 T, u, w, n, *r, pool=(T * MiB - (w + n) * GiB) * u)),
-    Mistake("utilization not applied", "multiply the total by "
-            "gpu_memory_utilization", lambda T, u, w, n, *r: _float_blocks(
+    Mistake("utilization not applied", "the whole card was taken: vLLM's "
+            "budget is total x gpu_memory_utilization",
+            lambda T, u, w, n, *r: _float_blocks(
                 T, u, w, n, *r, pool=T * MiB - (w + n) * GiB)),
-    Mistake("non-KV memory not subtracted", "activations and other non-KV "
-            "memory come off the budget too",
+    Mistake("non-KV memory not subtracted", "activations, CUDA graphs and "
+            "workspace come out of the budget too, before the KV pool",
             lambda T, u, w, n, *r: _float_blocks(T, u, w, 0, *r)),
-    Mistake("decimal units", "MiB and GiB are powers of 2 (2**20, 2**30), "
-            "not 10**6 and 10**9", lambda T, u, w, n, *r: _float_blocks(
+    Mistake("decimal units", "MiB and GiB are powers of 2 (2**20, 2**30 "
+            "bytes), not 10**6 and 10**9", lambda T, u, w, n, *r: _float_blocks(
                 T, u, w, n, *r, pool=T * 1e6 * u - (w + n) * 1e9)),
-    Mistake("a ceil where a floor belongs", "a partial block cannot be "
-            "allocated: floor-divide", lambda *a: _float_blocks(
+    Mistake("a ceil where a floor belongs", "a partial block was counted: a "
+            "block is allocated whole or not at all", lambda *a: _float_blocks(
                 *a, div=math.ceil)),
-    Mistake("rounded to the nearest block", "a partial block cannot be "
-            "allocated: floor-divide, do not round", lambda *a:
-            _float_blocks(*a, div=round)),
-    Mistake("K only", "a block's page holds K and V: the factor 2",
+    Mistake("rounded to the nearest block", "a partial block was rounded up "
+            "when it was over half: a block is allocated whole or not at "
+            "all", lambda *a: _float_blocks(*a, div=round)),
+    Mistake("K only", "twice the blocks: a block's page holds K and V",
             lambda T, u, w, n, m, bs, db: _float_blocks(
                 T, u, w, n, m, bs, db,
                 page=bs * m.num_kv_heads * m.head_dim * db)),
-    Mistake("layers not divided out", "the page is per layer: divide by "
-            "num_layers as well", lambda *a: _float_blocks(*a, layers=False)),
-    Mistake("token slots, not blocks", "divide by the block size: a block "
-            "holds block_size tokens", lambda T, u, w, n, m, bs, db:
-            _float_blocks(T, u, w, n, m, 1, db)),
+    Mistake("layers not divided out", "num_layers times the blocks: a block "
+            "costs its page in every layer",
+            lambda *a: _float_blocks(*a, layers=False)),
+    Mistake("token slots, not blocks", "block_size times the blocks: this "
+            "counts token slots, and a block holds block_size tokens",
+            lambda T, u, w, n, m, bs, db: _float_blocks(T, u, w, n, m, 1, db)),
 ]
+FLOAT_BLOCKS = Mistake(
+    "a float block count", "`//` on a float pool gives a float (26785.0): a "
+    "block count is a whole number, an int, as vLLM's num_gpu_blocks is")
+UNFLOORED = Mistake(
+    "no floor", "a fraction of a block came back (26785.62): the pool holds "
+    "whole blocks only, so the quotient is floored")
 
 
 def _pool_probes():
@@ -130,7 +147,8 @@ def _pool_probes():
     return [(81_559, 0.92, 14.96, 6.0, llama, 16, 2),
             (23_034, 0.9, 14.2, 1.5, qwen, 16, 2),
             (143_771, 0.85, 14.96, 3.0, llama, 32, 2),
-            (81_920, 0.6, 2.0, 1.0, qwen, 8, 1)]
+            (81_920, 0.6, 2.0, 1.0, qwen, 48, 1),
+            (24_564, 0.9, 2.0, 1.0, qwen, 48, 1)]  # a fraction under 0.5: ceil, not round
 
 
 def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0, timeout: float = 20.0) -> CheckReport:
@@ -172,7 +190,7 @@ def check_kv_bytes_per_token(fn, cases: int = 200, seed: int = 0, timeout: float
                 compare(args, _oracle_bytes_per_token(*args), f"fn{args}")
 
         c.prop(f"{cases} random shapes match an independent count", randomized,
-               "2 x layers x kv_heads x head_dim x dtype_bytes")
+               "the message names the shape: count its K and V by hand")
     return c.report
 
 
@@ -180,13 +198,24 @@ catalogue(check_kv_bytes_per_token, KV_MISTAKES)
 
 
 def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
-    """Check ``fn(total_mib, gpu_memory_utilization, weight_gib, non_kv_gib, model, block_size, dtype_bytes) -> int``."""
+    """Check ``fn(total_mib, gpu_memory_utilization, weight_gib, non_kv_gib, model, block_size, dtype_bytes) -> int``.
+
+    Block sizes are multiples of 16: vLLM's CUDA attention backends
+    (FlashAttention, Triton) take no others.
+    """
     rng = random.Random(seed)
     llama = budget.model_spec("Llama-3.1-8B")
     probes = _pool_probes()
 
     def compare(args, want, what):
-        got = expect_int(fn(*args), what)
+        got = fn(*args)
+        if isinstance(got, float):
+            mistake = FLOAT_BLOCKS if got == want else (
+                UNFLOORED if not got.is_integer() and math.floor(got) == want else None)
+            raise WrongAnswer(f"{what}: expected the integer {want:,}, got {got!r}",
+                              mistake.diagnosis() if mistake else name_mistake(
+                                  got, args, POOL_MISTAKES, fn, probes))
+        got = expect_int(got, what)
         if got != want:
             raise wrong(f"{what}: expected {want:,}, got {got:,}", got, args,
                         POOL_MISTAKES, fn, probes)
@@ -199,7 +228,8 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
                     "blocks for the book's reference setup")
 
         c.prop("the reference H100 setup gives 26,785 blocks of 16", reference,
-               "pool = total x utilization - weights - non-KV; then // page bytes // layers")
+               "what comes off the budget, and what does one block cost in "
+               "all the layers together?")
 
         def rounded_total():
             # 79.65 GiB is what nvidia-smi's 81,559 MiB looks like rounded; it is 2.6 MiB too much.
@@ -207,23 +237,23 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
                     "blocks when the total is the rounded 79.65 GiB")
 
         c.prop("the rounded 79.65 GiB gives 26,786 (its extra 2.6 MiB crosses a block)", rounded_total,
-               "do not round the total before dividing; convert MiB and GiB with powers of 2")
+               "round nothing before the division: MiB and GiB are powers of 2")
 
         def block_sizes():
-            for bs in (1, 8, 16, 32, 128):
+            for bs in (16, 32, 48, 64, 128, 256):
                 pool = budget.kv_pool_bytes(81_559 * budget.MiB, 0.92, 14.96 * budget.GiB, 6.0 * budget.GiB)
                 compare((81_559, 0.92, 14.96, 6.0, llama, bs, 2),
                         budget.num_gpu_blocks(pool, llama, bs), f"blocks at block_size={bs}")
 
-        c.prop("block sizes 1 to 128 match pagedkv.budget.num_gpu_blocks", block_sizes,
-               "a block's page is block_size x 2 x kv_heads x head_dim x dtype_bytes, per layer")
+        c.prop("block sizes 16 to 256 match pagedkv.budget.num_gpu_blocks", block_sizes,
+               "a block holds block_size tokens of K and V in every layer")
 
         def randomized():
             for _ in range(cases):
                 m = _random_model(rng)
                 args = (rng.choice([23_034, 24_564, 81_559, 81_920, 143_771]), round(rng.uniform(0.5, 1.0), 2),
-                        round(rng.uniform(0, 10), 2), round(rng.uniform(0, 8), 1), m, rng.choice([1, 8, 16, 32, 128]),
-                        rng.choice([1, 2, 4]))
+                        round(rng.uniform(0, 10), 2), round(rng.uniform(0, 8), 1), m,
+                        rng.choice([16, 32, 48, 64, 128, 256]), rng.choice([1, 2, 4]))
                 want = _oracle_blocks(*args)
                 if want == 0:
                     continue  # no room at all: the exercise leaves that case to the startup check
@@ -233,11 +263,11 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
                         f"{args[6]} B")
 
         c.prop(f"{cases} random GPUs and models match an exact-arithmetic oracle", randomized,
-               "floor-divide by the per-layer page first, then by the layer count")
+               "the message names the setup: work it through by hand")
     return c.report
 
 
-catalogue(check_kv_pool_blocks, POOL_MISTAKES)
+catalogue(check_kv_pool_blocks, POOL_MISTAKES, [FLOAT_BLOCKS, UNFLOORED])
 
 
 # ----------------------------------------------- (c) per tensor-parallel rank
@@ -256,24 +286,24 @@ def _oracle_bytes_per_rank(layers, kv_heads, head_dim, dtype_bytes, tp):
 
 
 RANK_MISTAKES = [
-    Mistake("tensor parallelism ignored", "each rank stores only its share "
-            "of the KV heads: num_kv_heads // tensor_parallel_size",
+    Mistake("tensor parallelism ignored", "every rank was charged the whole "
+            "token: each rank stores only its share of the KV heads",
             lambda L, H, D, b, tp: 2 * L * H * D * b),
     Mistake("heads split below one per rank", "with more ranks than KV "
-            "heads, vLLM replicates a head: every rank keeps at least one, "
-            "max(1, num_kv_heads // tensor_parallel_size)",
-            lambda L, H, D, b, tp: 2 * L * H * D * b // tp),
-    Mistake("zero heads per rank", "num_kv_heads // tensor_parallel_size is "
-            "0 past the head count: every rank keeps at least one head, "
-            "max(1, ...)", lambda L, H, D, b, tp: 2 * L * (H // tp) * D * b),
-    Mistake("K only", "each token stores a key and a value in every layer: "
-            "x 2", lambda L, H, D, b, tp: L * max(1, H // tp) * D * b),
-    Mistake("a constant", "the answer must depend on the arguments",
+            "heads a head cannot be split further: vLLM replicates it, so "
+            "every rank keeps at least one whole head and the cost stops "
+            "falling", lambda L, H, D, b, tp: 2 * L * H * D * b // tp),
+    Mistake("zero heads per rank", "past the head count a rank got no head "
+            "at all (0 bytes): every rank keeps at least one whole head",
+            lambda L, H, D, b, tp: 2 * L * (H // tp) * D * b),
+    Mistake("K only", "half the cost: each token stores a key and a value "
+            "in every layer", lambda L, H, D, b, tp: L * max(1, H // tp) * D * b),
+    Mistake("a constant", "the answer does not depend on the arguments",
             lambda *a: 16_384),
 ]
 FLOAT_HEADS = Mistake(
-    "a true division", "num_kv_heads / tensor_parallel_size is a float (0.5 "
-    "past the head count): heads are whole, use // and keep at least one")
+    "a true division", "a fraction of a head came back (0.5 past the head "
+    "count): heads are whole, and every rank keeps at least one")
 _RANK_PROBES = [(3, 4, 5, 1, 2), (3, 2, 5, 1, 8), (1, 8, 64, 2, 16)]
 
 #: Valid (num_kv_heads, tensor_parallel_size) pairs: tp divides the heads,
@@ -312,8 +342,8 @@ def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
 
         c.prop("Llama-3.1-8B on 1, 2, 4, 8 ranks: 128, 64, 32, 16 KiB per "
                "token per rank", split,
-               "each rank stores num_kv_heads / tensor_parallel_size heads "
-               "of every layer")
+               "which part of a token's KV does tensor parallelism divide "
+               "among the ranks?")
 
         def replicated():
             for tp in (16, 32):
@@ -337,7 +367,7 @@ def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
 
         c.prop("every preset model at every TP from 1 to 64 matches "
                "pagedkv.budget", presets,
-               "budget.kv_heads_per_rank: max(1, num_kv_heads // tp)")
+               "how many whole heads does one rank keep at each TP size?")
 
         def randomized():
             for _ in range(cases):
@@ -349,7 +379,7 @@ def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
 
         c.prop(f"{cases} random shapes and TP sizes match an independent "
                "count", randomized,
-               "2 x layers x heads per rank x head_dim x dtype_bytes")
+               "the message names the shape: count one rank's heads first")
     return c.report
 
 
@@ -380,42 +410,42 @@ STARTUP_MISTAKES = [
             "blocks of 16 admit 2,047 x 16 = 32,752 tokens, not 32,768",
             lambda P, m, B, db: int(P // (B * _page(m, db) * m.num_layers))
             * B),
-    Mistake("the null block as one token", "the null block is a whole "
-            "block: subtract one block, then multiply by block_size",
+    Mistake("the null block as one token", "one token was held back: the "
+            "null block is a whole block, block_size tokens",
             lambda P, m, B, db: int(P // (B * _page(m, db) * m.num_layers))
             * B - 1),
-    Mistake("the null block held back twice", "one block is held back, "
-            "once: (num_blocks - 1) x block_size",
+    Mistake("the null block held back twice", "two blocks were held back: "
+            "there is one null block",
             lambda P, m, B, db: max(int(P // (B * _page(m, db)
                                              * m.num_layers)) - 2, 0) * B),
-    Mistake("tokens, not whole blocks", "the pool holds whole blocks: "
-            "floor the bytes to blocks first, then multiply by block_size "
-            "(a part block admits no token)",
+    Mistake("tokens, not whole blocks", "the pool's part block was counted "
+            "in tokens: the pool holds whole blocks, and a part block admits "
+            "no token",
             lambda P, m, B, db: max(int(P // (_page(m, db) * m.num_layers))
                                     - B, 0)),
-    Mistake("rounded to the nearest block", "a part block cannot be "
-            "allocated: floor-divide, do not round",
+    Mistake("rounded to the nearest block", "a part block over one half "
+            "counted as a block: a block is whole or not there",
             lambda P, m, B, db: max(round(P / (B * _page(m, db)
                                                 * m.num_layers)) - 1, 0) * B),
-    Mistake("divided twice with different rounding", "rounding up anywhere "
-            "(a ceil, or cdiv of the floored tokens) counts a part block: "
-            "floor once, by one block's bytes across all layers",
+    Mistake("divided twice with different rounding", "a part block was "
+            "rounded up somewhere (a ceil, or cdiv of the floored tokens): "
+            "only whole blocks count",
             lambda P, m, B, db: max(-(-int(P // (_page(m, db) * m.num_layers))
                                       // B) - 1, 0) * B),
-    Mistake("layers not divided out", "a block costs its page in every "
-            "layer: divide by num_layers as well",
+    Mistake("layers not divided out", "num_layers times too long: a block "
+            "costs its page in every layer",
             lambda P, m, B, db: max(int(P // (B * _page(m, db))) - 1, 0) * B),
-    Mistake("blocks, not tokens", "max_model_len is in tokens: multiply the "
-            "usable blocks by block_size",
+    Mistake("blocks, not tokens", "this counts blocks: max_model_len is in "
+            "tokens, block_size to a block",
             lambda P, m, B, db: max(int(P // (B * _page(m, db)
                                              * m.num_layers)) - 1, 0)),
-    Mistake("a constant", "the answer must depend on the pool (32,752 is "
-            "2,048 blocks of Llama-3.1-8B's only)", lambda *a: 32_752),
+    Mistake("a constant", "the answer does not depend on the pool (32,752 "
+            "is 2,048 blocks of Llama-3.1-8B's only)", lambda *a: 32_752),
 ]
 
 NEGATIVE_LENGTH = Mistake(
     "a negative length", "a pool with room for the null block only admits "
-    "no request: max(usable blocks, 0) x block_size")
+    "no request: a length is never below 0")
 
 
 def _startup_probes():
@@ -426,7 +456,7 @@ def _startup_probes():
             (2_048 * blk + blk * 0.7, llama, 16, 2),
             (1_000 * blk + blk * 0.3, llama, 16, 2),
             (5_000.6 * budget.block_bytes(qwen, 32, "fp8"), qwen, 32, 1),
-            (3.2 * budget.block_bytes(qwen, 8), qwen, 8, 2)]
+            (3.2 * budget.block_bytes(qwen, 48), qwen, 48, 2)]
 
 
 def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
@@ -485,8 +515,8 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
 
         c.prop("check_enough_kv_cache_memory admits your length, refuses "
                "one token more", startup_check,
-               "usable blocks = whole blocks in the pool, less the null "
-               "block; each holds block_size tokens")
+               "how many whole blocks does the pool hold, and which of them "
+               "never holds a token?")
 
         def tiny():
             for blocks in (0.5, 1, 1.9):
@@ -501,7 +531,7 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
         def randomized():
             for _ in range(cases):
                 m = _random_model(rng)
-                B = rng.choice([1, 8, 16, 32, 64, 128])
+                B = rng.choice([16, 32, 48, 64, 128, 256])  # vLLM's CUDA sizes
                 db = rng.choice([1, 2, 4])
                 per_block = B * _page(m, db) * m.num_layers
                 pool = per_block * rng.uniform(0, 50_000)
@@ -517,8 +547,7 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
 
         c.prop(f"{cases} random pools, models, block sizes, dtypes match an "
                "exact oracle", randomized,
-               "(pool // bytes of one block across all layers - 1) x "
-               "block_size, and never below 0")
+               "the message names the pool: work it through by hand")
     return c.report
 
 
