@@ -13,6 +13,9 @@ method ``append`` calls for that branch) and runs the chapter's cases and the
 randomized test: seeded random operations compared, after every one, with an
 independent oracle of plain Python lists, with ``check()`` after every
 mutation and the contents of every pinned page frozen.
+
+The exercise's prediction task (``ch06_copy_prediction``) and design tasks
+(``ch06_designs``) are re-exported from here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ from ..sim.paged_kv_trial import check_after, pool_state, random_trial
 from ..sim.paged_kv import PagedKV
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue, expect_equal, expect_int
 
-__all__ = ["check_copy_on_write"]
+from .ch06_copy_prediction import check_copy_prediction
+from .ch06_designs import check_block_size_design, check_resume_design
+
+__all__ = ["check_copy_on_write", "check_copy_prediction", "check_resume_design",
+           "check_block_size_design"]
 
 
 def _with_hook(fn) -> type:
@@ -35,17 +42,24 @@ def _with_hook(fn) -> type:
 
 
 COW_MISTAKES = [
-    Mistake("the wrong page copied", "the partial page is the request's "
-            "tail, pool.tables[request_id][-1], not its first page"),
-    Mistake("written in place", "the tail is shared (or pinned): take a new "
-            "page and point the request's last table entry at it"),
-    Mistake("tokens not copied", "the new page must start with the old "
-            "tail's tokens: pool.pages[new].extend(pool.pages[old])"),
-    Mistake("the old owner reference kept", "the request no longer names "
-            "the old page: pool.drop_owner(old, request_id)"),
-    Mistake("the new owner missing", "pool.owners[new].add(request_id)"),
-    Mistake("state changed before allocating", "allocate_page() first: "
-            "when it raises MemoryError nothing may have changed"),
+    Mistake("the wrong page copied", "only the partial page may change, and "
+            "a table fills in order: the partial page is the request's last"),
+    Mistake("written in place", "a page that another request shares (or a "
+            "transfer pins) must keep its contents: the request needs a page "
+            "of its own, and its table must name it"),
+    Mistake("tokens not copied", "a copy is a copy: the new page must hold "
+            "the old tail's tokens before the appended one, or the request "
+            "reads a prefix with a hole"),
+    Mistake("the old owner reference kept", "owners are the requests whose "
+            "tables name a page: once the table names the copy, the request "
+            "is no owner of the old page, which may then never be freed"),
+    Mistake("the new owner missing", "owners are the requests whose tables "
+            "name a page: a page named by a table but owned by nobody is "
+            "freed (and handed out again) while it is read"),
+    Mistake("state changed before allocating", "a refused copy changes "
+            "nothing: when no page is free the pool must be exactly as "
+            "before the call, so nothing may change before the one step "
+            "that can fail"),
 ]
 
 
@@ -117,7 +131,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             expect_equal(len(pool.free), 3, "free pages at the end")
 
         c.prop("the worked example: b gets a private copy, a and the transfer keep page 0", worked_example,
-               "allocate a page, copy the tail's tokens into it, point only this request's last table entry at it")
+               "a's page and the transfer's snapshot must not change; only b's table may")
 
         def three_pages():
             pool = _three_pages(cls)
@@ -137,7 +151,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             check_after(pool, "after b appends")
 
         c.prop("three pages: only the partial tail is copied, the full pages "
-               "stay shared", three_pages, "the tail is pool.tables[request_id][-1]")
+               "stay shared", three_pages, "a table fills in order: the partial page is its last")
 
         def returns_new_page():
             pool = cls(capacity=4, block_size=4)
@@ -155,7 +169,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             check_after(pool, "after copy_on_write")
 
         c.prop("returns the new page id, now b's tail, owned by b alone", returns_new_page,
-               "move the owner reference: add it to the new page, drop it from the old one")
+               "owners follow the tables: b's now names the new page, not the old one")
 
         def pinned_sole_owner():
             pool = cls(capacity=4, block_size=4)
@@ -190,7 +204,7 @@ def check_copy_on_write(fn, seeds: int = 25, n_ops: int = 200, timeout: float = 
             expect_equal((pool.read("a"), pool.read("b")), ([7], [7]), "reads after the failed append")
 
         c.prop("no free page: MemoryError, and the pool is exactly as before", out_of_memory,
-               "take the new page first: if that fails, nothing has been touched yet")
+               "the one step that can fail must come before any change")
 
         def randomized():
             for seed in range(seeds):
