@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ..kernels import attention_kernel, attention_merge, attention_plan
 
-__all__ = ["KERNEL_PARTS", "kernel_part", "kernel_prediction", "kv_buffer_summary", "programs_per_sm"]
+__all__ = ["KERNEL_PARTS", "fit_to_column", "kernel_part", "kernel_prediction", "kv_buffer_summary", "programs_per_sm"]
 
 KERNEL_PARTS = ("arguments", "prologue", "segment", "loop", "epilogue", "merge", "launch", "tiles")
 # The module each part is read from (the rest: attention_kernel).
@@ -102,7 +102,11 @@ def kernel_part(name: str, width: int = 79) -> str:
     source = inspect.getsource(_MODULE_OF.get(name, attention_kernel))
     lines = source.splitlines()
     first, last = _line_spans(name, lines, ast.parse(source))
-    text = textwrap.dedent("\n".join(lines[first - 1:last])).strip("\n")
+    return fit_to_column(textwrap.dedent("\n".join(lines[first - 1:last])).strip("\n"), width)
+
+
+def fit_to_column(text: str, width: int = 79) -> str:
+    """Python source wrapped to ``width`` columns, still valid Python (the rules in the module docstring)."""
     out: list[str] = []
     for line in text.splitlines():
         if len(line) > width and line.lstrip().startswith("# "):  # a comment line of its own
@@ -140,6 +144,18 @@ def _open_brackets(line: str, upto: int) -> list[tuple[int, str]]:
     return stack
 
 
+def _in_string(line: str, upto: int) -> bool:
+    """Whether column ``upto`` of ``line`` is inside a string literal."""
+    quote = None
+    for ch in line[:upto]:
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+    return quote is not None
+
+
 def _break(line: str, width: int) -> list[str]:
     """Split a long code line so that it stays valid Python."""
     if len(line) <= width:
@@ -147,6 +163,9 @@ def _break(line: str, width: int) -> list[str]:
     indent = len(line) - len(line.lstrip())
     cut = line.rfind(", ", 0, width)
     while cut > 0:
+        if _in_string(line, cut):  # a comma inside a string is no place to break
+            cut = line.rfind(", ", 0, cut)
+            continue
         brackets = _open_brackets(line, cut)
         if brackets and brackets[-1][1] == "(" and brackets[-1][0] + 1 < width - 10:
             # after a comma of a call or tuple, aligned under its bracket
@@ -158,7 +177,7 @@ def _break(line: str, width: int) -> list[str]:
         cut = line.rfind(", ", 0, cut)
     for op in (" + ", " * ", " & ", " - "):
         cut = line.rfind(op, 0, width - 2)
-        if cut > len(line) - len(line.lstrip()):
+        if cut > len(line) - len(line.lstrip()) and not _in_string(line, cut):
             pad = " " * (len(line) - len(line.lstrip()) + 4)
             return [line[:cut] + " \\"] + _break(pad + line[cut + 1:], width)
     return [line]
