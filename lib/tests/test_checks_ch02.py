@@ -232,3 +232,126 @@ def test_a_malformed_policy_trace_fails_the_first_line_only_with_its_reason(
     assert [r.passed for r in report.results] == [False, False, False]
     assert words in report.results[0].detail
     assert "did not replay" in report.results[1].detail
+
+
+# ------------------------------------------- issue 36: the prediction task
+import pytest  # noqa: E402
+
+from pagedkv.checks import ch02_hole_prediction as hp  # noqa: E402
+
+
+def test_the_hole_prediction_passes_in_any_order_and_an_empty_one_prints_one_line(capsys):
+    assert checks.check_hole_prediction([(18, 12), (52, 23)])
+    assert checks.check_hole_prediction([[52, 23], [18, 12]])
+    report = checks.check_hole_prediction(None)
+    assert report.stub and not report and report.picture is None
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "\u274c prediction: not made yet (write it into predicted_holes, then run this cell)")
+
+
+def test_the_hole_model_replays_the_library_allocator():
+    assert hp.hole_model() == hp.run_hole_trace().free_extents() == [(18, 12), (52, 23)]
+    from pagedkv import sim
+
+    pool = sim.VariableExtentAllocator(100, 100, policy="first-fit")
+    for op in hp._OPS:
+        pool.admit(op[1], op[2]) if op[0] == "admit" else pool.finish(op[1])
+    assert hp.hole_model("first-fit") == pool.free_extents()
+    models = [m.model() for m in hp.HOLE_MISTAKES]
+    assert hp.hole_model() not in models and len({repr(m) for m in models}) == len(models)
+
+
+@pytest.mark.parametrize("predicted, said, name", [
+    ([(40, 35)], "you predicted the holes [(40, 35)]", "first-fit's holes"),
+    ([(18, 12), (52, 8), (60, 15)], "the trace leaves [(18, 12), (52, 23)]", "freed neighbours kept apart"),
+    ([(12, 18), (58, 17)], "you predicted the holes [(12, 18), (58, 17)]", "the largest hole"),
+    ([(18, 12), (52, 20)], "32 slots free in all, the trace leaves 35", None),
+])
+def test_a_wrong_hole_prediction_is_named_and_drawn(predicted, said, name):
+    report = checks.check_hole_prediction(predicted)
+    detail = report.results[0].detail
+    assert not report and said in detail
+    assert (f"Diagnosis: {name}" in detail) if name else "Diagnosis" not in detail
+    top, bottom = report.picture.axes  # draw_extents, the trace above the prediction
+    assert top.get_title(loc="left").startswith("the trace: holes [(18, 12), (52, 23)]")
+    assert bottom.get_title(loc="left").startswith("your prediction")
+    labels = [t.get_text() for t in bottom.texts]
+    assert any(t.startswith("hole ") for t in labels)
+
+
+@pytest.mark.parametrize("predicted, said", [
+    ("18,12", "expected the holes as a list of (start, length) pairs"),
+    ([(18, 12, 3)], "expected the holes as a list of (start, length) pairs"),
+    ([(18.0, 12)], "expected the holes as a list of (start, length) pairs"),
+    ([(90, 20)], "(90, 20) is not a hole of a 100-slot pool"),
+])
+def test_a_malformed_hole_prediction_is_a_red_line(predicted, said):
+    report = checks.check_hole_prediction(predicted)
+    assert not report and said in report.results[0].detail
+
+
+def test_the_exercise_shows_the_trace_the_checker_runs():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("exercises", "solutions"):
+        nb = json.loads((root / folder / "02_fragmentation.ipynb").read_text())
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert hp.HOLE_TRACE in text, folder
+
+
+# --------------------------------------------- issue 36: the design task
+from pagedkv.checks import ch02_block_size as bs  # noqa: E402
+
+
+def largest_size_ok(lengths, probs, max_share):
+    best = None
+    for B in range(16, 1025, 16):
+        if bs.waste_share(lengths, probs, B) <= max_share:
+            best = B
+    return best
+
+
+def test_the_largest_block_size_passes_and_its_stub_prints_one_line(capsys):
+    assert checks.check_largest_block_size(largest_size_ok)
+
+    def stub(*a):
+        raise NotImplementedError
+
+    report = checks.check_largest_block_size(stub)
+    assert report.stub and len(report.results) == 1
+
+
+def test_the_design_answers_the_fixed_cases():
+    heavy = bs._cases(0, 0)[0]
+    assert largest_size_ok(*heavy[1:]) == 128 and largest_size_ok([612], [1.0], 0.05) == 640
+    assert largest_size_ok([1, 2, 3], [0.2, 0.3, 0.5], 0.02) is None
+
+
+@pytest.mark.parametrize("fn, verdict, said, name", [
+    (bs._first_under, [False, False, True, False], "16 keeps the waste at 0.58%, but the larger 128",
+     "the first size under the share"),
+    (bs._stop_at_first_over, [True, False, True, False], "80 keeps the waste at 4.38%, but the larger 640",
+     "stopped at the first size over the share"),
+    (bs._by_tokens, [False, True, True, False], "112 keeps the waste at 4.21%", "the share of the tokens"),
+    (lambda L, P, s: 100, [False, False, False, False], "100 is not a multiple of 16",
+     "not a block size vLLM takes"),
+    (lambda L, P, s: None, [False, False, True, False], "got None, but 128 keeps the waste at 4.77%",
+     "None while a size fits"),
+    (lambda L, P, s: 1024, [False, False, False, False], "block size 1024 wastes", None),
+])
+def test_an_invalid_design_fails_with_its_reason(fn, verdict, said, name):
+    report = checks.check_largest_block_size(fn, cases=10)
+    assert verdicts(report) == verdict
+    details = " ".join(r.detail for r in report.results if not r.passed)
+    assert said in details
+    if name:
+        assert f"Diagnosis: {name}" in details
+
+
+def test_a_float_or_a_crash_is_a_red_line():
+    report = checks.check_largest_block_size(lambda *a: 128.0, cases=3)
+    assert not report and "expected a block size (an int) or None, got float" in report.results[0].detail
+    report = checks.check_largest_block_size(lambda *a: [][1], cases=3)
+    assert not report and "raised IndexError" in report.results[0].detail

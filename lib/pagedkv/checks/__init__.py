@@ -9,6 +9,8 @@ from ._harness import CheckReport, Checker, PropertyResult  # noqa: F401
 from .ch01_memory_budget import *  # noqa: F401,F403
 from .ch01_shared_card import check_card_prediction, check_two_instances, plot_two_instances  # noqa: F401
 from .ch02_fragmentation import *  # noqa: F401,F403
+from .ch02_block_size import check_largest_block_size  # noqa: F401
+from .ch02_hole_prediction import check_hole_prediction  # noqa: F401
 from .ch03_block_pool import *  # noqa: F401,F403
 from .ch04_block_table import *  # noqa: F401,F403
 from .ch04_table_prediction import check_table_prediction  # noqa: F401

@@ -24,7 +24,11 @@ The learner writes three functions:
 
 Each is compared with the library (``pagedkv.sim``) and with an
 independent oracle written here (a block count for tail waste, a slot bitmap
-for free extents), on known answers and seeded random cases.
+for free extents), on known answers and seeded random cases. The block sizes
+of the tail-waste cases (1, 2, 8 and so on) are the chapter's arithmetic, not
+vLLM's: a residue argument holds for any size. The design task
+(``largest_block_size``), where the sizes are vLLM's, is in
+``ch02_block_size``; the prediction task in ``ch02_hole_prediction``.
 """
 
 from __future__ import annotations
@@ -88,22 +92,26 @@ def _weighted(waste):
 
 TAIL_MISTAKES = [
     Mistake("a full last block charged", "a sequence that fills its last "
-            "block wastes nothing: (B - n % B) % B, not B - n % B",
+            "block exactly was charged a whole block of waste: it wastes "
+            "nothing",
             _weighted(lambda n, B: B - n % B)),
-    Mistake("used slots, not free ones", "n % B is what the last block "
-            "holds; the waste is the rest of it",
+    Mistake("used slots, not free ones", "this counts the tokens in the "
+            "last block: the waste is the slots of it left unwritten",
             _weighted(lambda n, B: n % B)),
-    Mistake("a floor where a ceil belongs", "a sequence holds "
-            "ceil(n / B) blocks, so the waste is ceil(n / B) x B - n",
+    Mistake("a floor where a ceil belongs", "the waste came out negative: "
+            "a sequence holds its partial last block whole, so it holds at "
+            "least as many slots as tokens",
             _weighted(lambda n, B: (n // B) * B - n)),
     Mistake("probabilities ignored", "a plain average assumes every length "
-            "equally likely: weight each waste by probs[i]",
+            "equally likely: an expectation weights each waste by its "
+            "probability",
             lambda L, P, B: sum((-n) % B for n in L) / len(L)),
-    Mistake("not divided or weighted", "this is the total over the lengths: "
-            "weight each by its probability",
+    Mistake("not divided or weighted", "this is the total over the "
+            "lengths, not an expectation: each length's waste counts with "
+            "its probability",
             lambda L, P, B: float(sum((-n) % B for n in L))),
     Mistake("the uniform shortcut", "(B - 1) / 2 holds only when every "
-            "residue mod B is equally likely: compute it from the lengths",
+            "residue mod B is equally likely, which these lengths are not",
             lambda L, P, B: (B - 1) / 2),
 ]
 _TAIL_PROBES = [([1, 15, 16, 17], [0.1, 0.1, 0.7, 0.1], 16), ([5, 40], [0.5, 0.5], 8)]
@@ -119,18 +127,19 @@ def _gaps(allocated, capacity, *, sort=True, head=True, tail=True, off=0):
 
 
 EXTENT_MISTAKES = [
-    Mistake("total free, not the largest hole", "a request needs its slots "
-            "in one run: measure each hole",
+    Mistake("total free, not the largest hole", "this adds the holes up: "
+            "a request needs its slots in one run",
             lambda A, cap: cap - sum(n for _, n in A)),
-    Mistake("the hole after the last extent missed", "also measure from the "
-            "last extent's end up to capacity",
+    Mistake("the hole after the last extent missed", "the free run from "
+            "the last extent's end up to capacity is a hole too",
             lambda A, cap: _gaps(A, cap, tail=False)),
-    Mistake("the hole before the first extent missed", "also measure from "
-            "slot 0 up to the first extent", lambda A, cap: _gaps(A, cap, head=False)),
-    Mistake("extents not sorted", "they come in any order: sort them by "
-            "start first", lambda A, cap: _gaps(A, cap, sort=False)),
-    Mistake("off by one", "the hole between an extent ending at e and the "
-            "next starting at s holds s - e slots", lambda A, cap: _gaps(A, cap, off=1)),
+    Mistake("the hole before the first extent missed", "the free run from "
+            "slot 0 up to the first extent is a hole too", lambda A, cap: _gaps(A, cap, head=False)),
+    Mistake("extents not sorted", "they come in any order: holes lie "
+            "between neighbours by address, not by place in the list", lambda A, cap: _gaps(A, cap, sort=False)),
+    Mistake("off by one", "every hole came out one slot short: an extent "
+            "(start, length) ends just before slot start + length, where the "
+            "free run begins", lambda A, cap: _gaps(A, cap, off=1)),
 ]
 _EXTENT_PROBES = [([(70, 10), (0, 10), (30, 10)], 100), ([(10, 5)], 40), ([(20, 5)], 30),
                   ([(30, 30), (90, 10)], 100)]
@@ -195,7 +204,7 @@ def check_expected_tail_waste(fn, cases: int = 200, seed: int = 0, timeout: floa
                               (lengths, probs, B), fn)
 
         c.prop(f"{cases} random length distributions match an independent count", randomized,
-               "sum over lengths of P(length) x ((B - length mod B) mod B)")
+               "the message names the distribution: work its waste out by hand")
     return c.report
 
 
@@ -246,7 +255,8 @@ def check_largest_free_extent(fn, cases: int = 200, seed: int = 0, timeout: floa
         def unsorted():
             _expect_extent(fn, [(70, 10), (0, 10), (30, 10)], 100, 30, "extents given out of address order")
 
-        c.prop("extents listed out of address order", unsorted, "sort the extents by start first")
+        c.prop("extents listed out of address order", unsorted,
+               "in which order do the holes lie in the pool?")
 
         def randomized():
             for _ in range(cases):
