@@ -328,6 +328,8 @@ _PAGE_JS = r"""
   const scrolled = el => scrollers.some(s => s !== el && s.contains(el));
   for (const el of col.querySelectorAll('*')) {
     if (inside(el)) continue;
+    // MathJax's copy of a formula for screen readers is clipped to nothing by design.
+    if (el.tagName === 'MJX-ASSISTIVE-MML') continue;
     const ox = getComputedStyle(el).overflowX;
     if (ox === 'visible') continue;
     // On a phone, code and wide tables may scroll inside their box; only a box that clips may not.

@@ -428,3 +428,16 @@ def test_answers_and_hints_must_start_collapsed_and_open_with_the_keyboard(tmp_p
     assert results["closed.html"].counts["collapsed"] == 2
     assert by_kind(results["open.html"])["collapsed"] == ["starts open: 'Show answer'"]
     assert "without a summary" in by_kind(results["bare.html"])["collapsed"][0]
+
+
+@needs_chromium
+def test_mathjax_screen_reader_copy_is_not_a_box_but_a_clipped_formula_is(tmp_path):
+    """MathJax's assistive MathML is clipped to nothing by design; a visible box that clips is reported."""
+    wide = "x<sub>j</sub> + " * 80
+    hidden = ("<mjx-container><mjx-assistive-mml style='position:absolute;display:block;overflow:hidden;"
+              f"height:0;width:300px;white-space:nowrap'>{wide}</mjx-assistive-mml></mjx-container>")
+    clipped = f"<div style='overflow:hidden;width:300px;white-space:nowrap'>{wide}</div>"
+    site = write_site(tmp_path / "site", {"math.html": hidden, "clip.html": clipped})
+    results = {Path(r.page).name: r for r in run(site, None, log=None)}
+    assert results["math.html"].ok, results["math.html"].problems
+    assert any("div scrolls (content" in d for d in by_kind(results["clip.html"])["too wide"])
