@@ -127,6 +127,10 @@ def test_a_puzzle_that_does_not_exist_is_refused():
         checks.show_reference(True)
 
 
+IN_A_KERNEL = "computes in a Triton kernel, from its inputs"
+INT64 = "multiplies block ids in int64 (offsets pass 2**31)"
+
+
 @triton.jit
 def _nothing(x_ptr):
     pass
@@ -146,8 +150,8 @@ def test_pytorch_answers_behind_a_do_nothing_kernel_fail_the_kernel_property():
 
     for n, fn in ((1, slots), (9, merge)):
         failed = failures(checks.check_kernel_puzzle(n, fn))
-        assert list(failed) == ["computes in a Triton kernel"], failed
-        assert "Diagnosis: computed outside the kernel" in failed["computes in a Triton kernel"]
+        assert list(failed) == [IN_A_KERNEL], failed
+        assert "Diagnosis: computed outside the kernel" in failed[IN_A_KERNEL]
 
 
 # ------------------------------------------------------------ wrong answers, by puzzle
@@ -339,15 +343,14 @@ def _wasteful():
                                "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
     q_every_tile_11 = variant(11, ("    for start in range(0, seq_len, TILE):\n",
                                    "    for start in range(0, seq_len, TILE):\n        q = tl.load(q_ptr + q_off)\n"))
-    per_query_head = variant(6, ("kv_head = tl.program_id(1)", "qh = tl.program_id(1)\n    kv_head = qh // GROUP"),
-                             ("head = kv_head * GROUP + g", "head = qh + g"), ("g_ok = g < GROUP", "g_ok = g < 1"),
-                             ("[(num_reqs, num_kv_heads)]", "[(num_reqs, num_heads)]"))
+    k_twice = variant(6, ("        s = tl.dot(q, tl.trans(k)", "        k = tl.load(k_cache_ptr + kv_off, mask=ok[:, None], "
+                                                           "other=0.0)\n        s = tl.dot(q, tl.trans(k)"))
     q_every_tile_8 = variant(8, ("    for start in range(lo, hi, TILE):\n",
                                  "    for start in range(lo, hi, TILE):\n"
                                  "        q = tl.load(q_ptr + (req * num_heads + head) * HEAD_DIM + dims)\n"))
     return {1: (every_program_pads, "out"), 2: (per_head, "key_cache"), 3: (reload_k, "k"),
             4: (_load(TWO_PASS_4, "row_logsumexp", "two_pass4"), "x"), 5: (q_every_tile, "q"),
-            6: (per_query_head, "key_cache"), 7: (one_query_row, "key_cache"), 8: (q_every_tile_8, "q"),
+            6: (k_twice, "key_cache"), 7: (one_query_row, "key_cache"), 8: (q_every_tile_8, "q"),
             9: (reload_lse, "lse"), 10: (_load(EVERY_CACHE_10, "copy_blocks_all_layers", "every10"), "caches[0]"),
             11: (q_every_tile_11, "q")}
 
@@ -355,7 +358,10 @@ def _wasteful():
 @pytest.mark.skipif(not interpreted, reason="the trace needs Triton's interpreter")
 def test_wasteful_answers_pass_and_their_trace_names_the_waste(capsys):
     for n, (fn, tensor) in _wasteful().items():
-        assert checks.check_kernel_puzzle(n, fn), n
+        if n == 6:  # puzzle 6's lesson is the bytes: K read twice fails its property
+            assert list(failures(checks.check_kernel_puzzle(n, fn))) == [READS_ONCE], n
+        else:
+            assert checks.check_kernel_puzzle(n, fn), n
         got, text = score(n, fn)
         assert got > 1.0, (n, got)
         assert f"the waste: {tensor}, " in text, (n, text)
@@ -377,3 +383,158 @@ def test_the_trace_says_so_when_it_cannot_trace(monkeypatch, capsys):
     monkeypatch.setattr(puzzle_harness, "interpreted", lambda: False)
     checks.trace_kernel_puzzle(1, solution(1))
     assert capsys.readouterr().out.startswith("compiled kernels cannot be traced")
+
+
+# ------------------------------------------------------------ issue 36: answers that used to pass
+
+READS_ONCE = "reads each KV head's K and V once for its group (bytes = the minimum)"
+
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, TILE: tl.constexpr):
+    offs = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _copied_into(answer, out=None):
+    """A trivial kernel's work: copy ``answer`` (computed before it ran) into ``out``."""
+    out = torch.empty_like(answer) if out is None else out
+    _copy_kernel[(triton.cdiv(answer.numel(), 256),)](answer, out, answer.numel(), TILE=256)
+    return out
+
+
+def _copy_cheat(n: int):
+    """Puzzle ``n`` answered by PyTorch, then copied into the output by a kernel that reads it."""
+    def paged(a):
+        qsl = torch.arange(a["q"].shape[0] + 1, dtype=torch.int32)
+        return puzzles.reference_paged_attention(a["q"], a["key_cache"], a["value_cache"],
+                                                 a["block_table"], a["seq_lens"], qsl, a["scale"])
+
+    refs = {1: lambda a: puzzles.reference_slots_per_request(**a), 2: lambda a: puzzles.reference_gather(**a),
+            3: lambda a: puzzles.reference_attend(**a), 4: lambda a: puzzles.reference_logsumexp(a["x"]),
+            5: paged, 6: paged, 7: lambda a: puzzles.reference_paged_attention(**a),
+            8: lambda a: puzzles.reference_split_partials(**a), 9: lambda a: puzzles.reference_merge(**a),
+            11: paged}
+
+    def cheat(**kwargs):
+        cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        device = next(v for v in kwargs.values() if isinstance(v, torch.Tensor)).device
+        answer = refs[n](cpu)
+        if isinstance(answer, tuple):
+            return tuple(_copied_into(t.to(device)) for t in answer)
+        return _copied_into(answer.to(device))
+
+    return cheat
+
+
+def test_an_answer_pytorch_computed_and_a_kernel_copied_fails_every_computing_puzzle():
+    # The copy kernel runs and reads (its input is PyTorch's answer), so skipping launches
+    # cannot tell it from the work; changing the inputs as the kernel launches can.
+    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11):
+        failed = failures(checks.check_kernel_puzzle(n, _copy_cheat(n)))
+        assert list(failed) == [IN_A_KERNEL], (n, failed)
+        assert "and the output still answers the old ones" in failed[IN_A_KERNEL], n
+        assert "Diagnosis: an answer copied, not computed" in failed[IN_A_KERNEL], n
+
+
+def test_the_wrapper_may_hand_the_kernel_copies_of_its_inputs():
+    # clone(), contiguous(), a dtype conversion: the copies follow the inputs' change.
+    copies = variant(5, ("        q, key_cache, value_cache, block_table, seq_lens, out, scale,",
+                         "        q.clone(), key_cache.contiguous().clone(), value_cache.to(torch.float32)"
+                         ".clone(), block_table.clone(), seq_lens, out, scale,"))
+    assert checks.check_kernel_puzzle(5, copies)
+    # Puzzle 4's x is a view of a wider buffer: a contiguous copy of the view follows it too.
+    dense = variant(4, ("    rows, n_cols = x.shape\n", "    x = x.contiguous()\n    rows, n_cols = x.shape\n"))
+    assert checks.check_kernel_puzzle(4, dense)
+
+
+def test_unmasked_position_and_table_loads_are_named_not_a_crash():
+    # Without the check's bounds the interpreter read past the positions and crashed the process.
+    fn = variant(1, ("pos = tl.load(positions_ptr + offs, mask=ok, other=0)", "pos = tl.load(positions_ptr + offs)"),
+                 ("block = tl.load(block_table_ptr + row + pos // block_size,\n                        mask=ok, other=0)",
+                  "block = tl.load(block_table_ptr + row + pos // block_size)"))
+    if not interpreted:
+        return  # compiled, the guard rows and the values are all there is
+    failed = failures(checks.check_kernel_puzzle(1, fn))
+    first = failed["maps every request's tokens and pads the tail with -1"]
+    assert "lane(s) of a tl.load lay outside every tensor the kernel could reach" in first
+    assert "past the last element of positions" in first
+    assert "Diagnosis: an unmasked load or store" in first
+    assert "no case ran to its end" in failed[IN_A_KERNEL]
+
+
+@pytest.mark.parametrize("n, pairs", [
+    (2, (("block = tl.load(block_table_ptr + j).to(tl.int64)", "block = tl.load(block_table_ptr + j)"),)),
+    (5, (("slot = block.to(tl.int64) * block_size", "slot = block * block_size"),)),
+    (10, (("dtype=torch.int64)", "dtype=torch.int32)"),)),
+])
+def test_int32_block_id_arithmetic_is_named(n, pairs):
+    # No CPU case can hold 2**31 cache elements: the check follows the loaded ids' dtype instead
+    # (and, for puzzle 10, sees the pairs handed over as int32, compiled too).
+    if not interpreted and n != 10:
+        return
+    failed = failures(checks.check_kernel_puzzle(n, variant(n, *pairs)))
+    assert list(failed) == [INT64], failed
+    assert "Diagnosis: int32 index arithmetic" in failed[INT64]
+    name = "block_pairs" if n == 10 else "block_table"
+    assert (f"a value loaded from {name} is multiplied in int32" in failed[INT64]
+            or f"the kernel is handed {name} as int32" in failed[INT64])
+
+
+def test_p6_a_dot_whose_k_is_under_16_is_refused_and_fewer_rows_pass():
+    fn = variant(6, ("TILE=16)", "TILE=8)"))  # P @ V: [16, 8] x [8, 16]
+    assert_named(6, fn, "a tl.dot the GPU compiler refuses", traced_only=True)
+    if interpreted:
+        detail = next(iter(failures(checks.check_kernel_puzzle(6, fn)).values()))
+        assert "K = 8: Triton's compiled target needs K >= 16" in detail
+    # M under 16 compiles (Triton pads it), so a tile of next_power_of_2(GROUP) rows passes.
+    rows = variant(6, ("ROWS=max(16, triton.next_power_of_2(group))", "ROWS=triton.next_power_of_2(group)"))
+    assert checks.check_kernel_puzzle(6, rows)
+
+
+def test_p6_one_program_per_query_head_fails_with_its_bytes():
+    per_query_head = variant(6, ("kv_head = tl.program_id(1)", "qh = tl.program_id(1)\n    kv_head = qh // GROUP"),
+                             ("head = kv_head * GROUP + g", "head = qh + g"), ("g_ok = g < GROUP", "g_ok = g < 1"),
+                             ("[(num_reqs, num_kv_heads)]", "[(num_reqs, num_heads)]"))
+    failed = failures(checks.check_kernel_puzzle(6, per_query_head))
+    assert list(failed) == [READS_ONCE], failed
+    detail = failed[READS_ONCE]
+    assert "27 programs for 3 requests x 3 KV heads" in detail
+    assert "Diagnosis: one program per query head" in detail
+    if interpreted:
+        assert "K and V loaded 54,144 bytes where 18,048 would do (3.00x)" in detail
+
+
+def test_p7_tiles_that_load_keys_past_their_last_query_fail():
+    # The causal bound ignored in the loop, kept in the scores: right, and the statement forbids it.
+    fn = variant(7, ("kv_hi = tl.minimum(seq_len, last)", "kv_hi = seq_len"))
+    if not interpreted:
+        return
+    failed = failures(checks.check_kernel_puzzle(7, fn))
+    name = "no tile loads a key none of its queries may see"
+    assert list(failed) == [name], failed
+    assert "program (0, 0, 0) loaded the key at position 26 of request 0" in failed[name]
+    assert "Diagnosis: keys past the tile's last query loaded" in failed[name]
+    # A tile past a short chunk's end has no query: it loads nothing.
+    empty = variant(7, ("    if tl.program_id(2) * BLOCK_Q >= q_len:\n        return", "    if False:\n        return"))
+    detail = failures(checks.check_kernel_puzzle(7, empty))[name]
+    assert "program (1, 0, 1) loaded the key at position 11 of request 1, and it stores no query" in detail
+
+
+def test_p10_one_tile_per_block_without_a_loop_fails_on_a_large_block():
+    fn = variant(10, ("    for start in range(0, block_numel, TILE):\n", "    for start in range(0, 1):\n"))
+    failed = failures(checks.check_kernel_puzzle(10, fn))
+    name = "copies every pair in every cache, nothing else"
+    assert list(failed) == [name], failed
+    assert "blocks of 2,560 elements" in failed[name]
+    assert ("Diagnosis: one tile per block -- only the first 1,024 of each block's 2,560 elements "
+            "were copied") in failed[name]
+
+
+def test_p11_alignment_for_block_size_48():
+    # 128 // 48 = 2 columns is 96 tokens, not a whole number of 128-token spans.
+    fn = variant(11, ("align = 128 // math.gcd(128, block_size)", "align = max(1, 128 // block_size)"))
+    assert_named(11, fn, "the table not padded to 128 tokens", traced_only=True)
+    if interpreted:
+        detail = failures(checks.check_kernel_puzzle(11, fn))["equals the reference, the table loads in bounds"]
+        assert "block size 48, not a power of two" in detail

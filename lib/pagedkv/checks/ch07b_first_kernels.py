@@ -84,18 +84,28 @@ def _slots_explain(case, got):
     return None
 
 
-NO_PADDING = Mistake("the tail not padded", "slot_mapping[num_tokens:max_num_tokens] must hold "
-                     "PAD_SLOT_ID (-1): the last program, tl.program_id(0) == tl.num_programs(0) "
-                     "- 1, writes it")
-INT32_SLOTS = Mistake("int32 wrap", "the block id is int32 and block_id * block_size passes "
-                      "2**31: .to(tl.int64) before multiplying")
-FROM_ZERO = Mistake("positions counted from the request's start", "a request's tokens continue "
-                    "its context: the position is positions[i], not i - query_start_loc[r]")
-QSL_PAST = Mistake("the last program reads a request that does not exist", "the grid has "
-                   "num_reqs + 1 programs and the last one has no request: it only pads the "
-                   "tail; return before loading query_start_loc")
-TOKEN_PAST = Mistake("an off-by-one mask", "it read the token after the request's last: "
-                     "mask with offsets < end, not <=")
+NO_PADDING = Mistake(
+    "the tail not padded",
+    "the entries past the last real token, up to max_num_tokens, must hold PAD_SLOT_ID "
+    "(-1), the mark that tells the KV write to skip a token: a CUDA graph of a fixed size "
+    "reads them all, and the one program with no request is there to write them")
+INT32_SLOTS = Mistake(
+    "int32 wrap",
+    "block ids are int32, and a slot, block id x block_size, passes 2**31 in a large pool "
+    "(here ids past 20,000,000 at block size 128): the product must be computed in int64, "
+    "before it can wrap")
+FROM_ZERO = Mistake(
+    "positions counted from the request's start",
+    "a request's new tokens continue its context: a token's position is the one positions "
+    "gives it, not its index within the request")
+QSL_PAST = Mistake(
+    "the last program reads a request that does not exist",
+    "the grid has num_reqs + 1 programs and the last has no request: query_start_loc has "
+    "no entry for it past the end, and its only work is the padding")
+TOKEN_PAST = Mistake(
+    "an off-by-one mask",
+    "it read the token after the request's last: request r's tokens end one before "
+    "query_start_loc[r + 1]")
 
 
 def _slots_read(case, name, idx):
@@ -104,7 +114,8 @@ def _slots_read(case, name, idx):
     if name == "query_start_loc":
         return QSL_PAST
     if name == "positions":
-        return TOKEN_PAST
+        # One token past a request's last is an off-by-one mask; lanes further out, no mask.
+        return TOKEN_PAST if int(idx.max()) <= case.args["positions"].numel() else None
     return None
 
 
@@ -131,7 +142,10 @@ def _puzzle_1():
          ("slots past 2**31 do not overflow", wide)],
         data=("positions", "out"),
         mistakes=[(INT32_SLOTS, _slots_wrap), (FROM_ZERO, _slots_from_zero)],
-        read_mistake=_slots_read, explain=_slots_explain, picture=_slots_picture)
+        read_mistake=_slots_read, explain=_slots_explain, picture=_slots_picture,
+        answer=lambda a: reference_slots_per_request(**a), index_args=("block_table",),
+        # The table's ids move by 1,000 as the kernel launches: slots computed before it keep the old ids.
+        changes=lambda case, puzzle: dict(block_table=case.args["block_table"] + 1000))
 
 
 # ------------------------------------------------------ puzzle 2: paged gather
@@ -149,13 +163,17 @@ def _gather_case(label, seed, *, seq_len, block_size, heads=2, head_dim=8):
                           one_past=one_past(dict(block_table=table[None]), [seq_len], block_size)))
 
 
-WHOLE_BLOCK = Mistake("the whole last block", "positions past seq_len are not the request's: "
-                      "mask the load and the store with pos < seq_len (the output has seq_len "
-                      "rows, not a whole number of blocks)")
+WHOLE_BLOCK = Mistake(
+    "the whole last block",
+    "the slots past seq_len in the last block are not the request's, and the output has "
+    "seq_len rows, not a whole number of blocks: neither a load nor a store may touch "
+    "positions from seq_len on")
 
 
-OFF_BY_ONE_STORE = Mistake("an off-by-one mask", "it stored one row past the output: the mask "
-                           "is pos < seq_len, not pos <= seq_len")
+OFF_BY_ONE_STORE = Mistake(
+    "an off-by-one mask",
+    "it stored one row past the output: position seq_len is the first one the request "
+    "does not have")
 
 
 def _puzzle_2():
@@ -183,7 +201,8 @@ def _puzzle_2():
     return Puzzle("puzzle 2", [("gathers one request's keys in order", cases), rand],
         data=("key_cache", "out"),
                   mistakes=[(IN_ORDER, in_order)], read_mistake=cache_read_mistake,
-                  overrun_mistake=overrun, picture=picture, atol=0.0)
+                  overrun_mistake=overrun, picture=picture, atol=0.0,
+                  answer=lambda a: reference_gather(**a), index_args=("block_table",))
 
 
 # ------------------------------------------------ puzzle 3: one tile, exact
@@ -210,14 +229,22 @@ def _attend_case(label, seed, *, n, head_dim=16, big=False):
                            out=F32 * head_dim))
 
 
-NO_MAX = Mistake("the max not subtracted", "exp of a score near 400 overflows fp32 (inf / inf "
-                 "= NaN): subtract the row's max before tl.exp")
-PAD_SCORES = Mistake("padding lanes scored 0", "the lanes past n got score 0 and weight "
-                     "exp(0 - m): set their scores to -inf with tl.where(pos < n, s, -inf)")
-ROW_PAST = Mistake("an off-by-one mask", "it read row n of k or v (a guard row): mask the loads "
-                   "with pos < n, not <=")
-READ_TILE = Mistake("the tile's loads unmasked", "k and v have n rows; the tile has TILE lanes: "
-                    "mask both loads with pos < n")
+NO_MAX = Mistake(
+    "the max not subtracted",
+    "exp of a score near 400 overflows fp32 (inf / inf = NaN); a softmax is unchanged "
+    "when every score moves by the same amount, and moved down by the max no exp exceeds "
+    "1")
+PAD_SCORES = Mistake(
+    "padding lanes scored 0",
+    "the lanes past n got score 0, and so a weight exp(0 - m) above 0: a lane that is no "
+    "key must weigh exactly nothing, which only a score of -inf gives")
+ROW_PAST = Mistake(
+    "an off-by-one mask",
+    "it read row n of k or v, one past the last: rows 0 to n - 1 exist")
+READ_TILE = Mistake(
+    "the tile's loads unmasked",
+    "k and v have n rows and the tile has TILE lanes: the lanes from n on are no rows of "
+    "k or v, and load nothing")
 
 
 def _puzzle_3():
@@ -259,7 +286,8 @@ def _puzzle_3():
         ("stays finite with scores near 400", big)],
         data=("q", "k", "v", "out"),
         mistakes=[(NO_SCALE, no_scale), (PAD_SCORES, pad_scores)], read_mistake=read, explain=explain,
-        nan_mistake=NO_MAX, picture=picture, guard_rows=TILE_3)
+        nan_mistake=NO_MAX, picture=picture, guard_rows=TILE_3,
+        answer=lambda a: reference_attend(**a))
 
 
 # ------------------------------------------------------ puzzle 4: long softmax
@@ -285,15 +313,23 @@ def _lse_case(label, seed, *, rows, n, pad=3, leading_inf=0, all_inf_row=False):
                 views=dict(x=lambda t, n=n: t[:, :n]))
 
 
-FIRST_TILE = Mistake("the m = -inf case", "a row whose first tile is all -inf has m = -inf, and "
-                     "exp(-inf - -inf) is NaN: use m_safe = tl.where(m_new == -inf, 0, m_new) "
-                     "in both exps")
-PAST_ROW = Mistake("read outside the row", "row r starts at r * x.stride(0) (the rows are a "
-                   "slice of a wider buffer) and has n_cols columns: mask cols < n_cols")
-LOG2_LSE = Mistake("log2 domain", "it matches log2(sum(2**x)): for the natural log-sum-exp "
-                   "use tl.exp and tl.log (or scale by log2(e) going in and ln(2) coming out)")
-NO_MAX_BACK = Mistake("the max not added back", "log(sum(exp(x - m))) is lse - m: return m + "
-                      "log(l)")
+FIRST_TILE = Mistake(
+    "the m = -inf case",
+    "a row whose first tile is all -inf has m = -inf, and exp(-inf - (-inf)) is NaN: "
+    "while the max is still -inf the running sum is 0 and must stay 0, so no exp may be "
+    "handed -inf - (-inf)")
+PAST_ROW = Mistake(
+    "read outside the row",
+    "the rows are a slice of a wider buffer: row r starts x.stride(0) elements after row "
+    "r - 1, and only its first n_cols entries are the row's")
+LOG2_LSE = Mistake(
+    "log2 domain",
+    "it matches log2(sum(2**x)): the natural log-sum-exp is in base e throughout; base 2 "
+    "gives it only with x scaled by log2(e) going in and the result by ln(2) coming out")
+NO_MAX_BACK = Mistake(
+    "the max not added back",
+    "log(sum(exp(x - m))) is the log-sum-exp less m: the max taken out to keep exp finite "
+    "must be put back")
 
 
 def _puzzle_4():
@@ -340,7 +376,7 @@ def _puzzle_4():
         ("rows that start with -inf, and a row all -inf", inf)],
         data=("x", "out"),
         mistakes=[(LOG2_LSE, log2_lse), (NO_MAX_BACK, no_max_back)], read_mistake=read, explain=explain,
-        nan_mistake=FIRST_TILE, picture=picture)
+        nan_mistake=FIRST_TILE, picture=picture, answer=lambda a: reference_logsumexp(a["x"]))
 
 # ----------------------------------------------- what the ladder reads
 

@@ -19,6 +19,8 @@ from .puzzle_harness import LEGEND, OVERRUN_MISTAKE, Case, Puzzle, Run, access_g
 from .puzzle_cases import (F32, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, READ_PAST, TABLE_PAST,
                            blocks_in_order, cache_read_mistake, one_past, paged_case, random_cases,
                            reference_gather, reference_paged_attention)
+from .puzzle_rules import (CAUSAL_LOOP, KV_READ_TWICE, ONE_PER_QUERY_HEAD, ONE_TILE_PER_BLOCK,
+                           block_tail_not_copied, causal_bound, reads_kv_once)
 
 
 # ------------------------------------------------------ puzzle 5: paged decode
@@ -60,6 +62,12 @@ def _decode_models():
     return [(IN_ORDER, in_order), (NO_SCALE, no_scale)]
 
 
+def _decode_answer(a):
+    qsl = torch.arange(a["q"].shape[0] + 1, dtype=torch.int32)
+    return reference_paged_attention(a["q"], a["key_cache"], a["value_cache"], a["block_table"],
+                                     a["seq_lens"], qsl, a["scale"])
+
+
 def _decode_picture(case, run, programs="(request, head)"):
     kc = run.args["key_cache"]
     return (access_grid(run, case, "key_cache", kc.shape[0] * kc.shape[1], kc.shape[1], "b") +
@@ -78,18 +86,21 @@ def _puzzle_5():
                                                      block_size=pick((1, 4, 16))))],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=_decode_models(), read_mistake=cache_read_mistake,
-        nan_mistake=READ_PAST, picture=_decode_picture)
+        nan_mistake=READ_PAST, picture=_decode_picture, answer=_decode_answer,
+        index_args=("block_table",))
 
 
 # --------------------------------------------------- puzzle 6: GQA, a group of 3
 
-PADDING_ROWS = Mistake("rows of padding not masked", "with a group of 3 the tile has more rows "
-                       "than heads: row g >= GROUP belongs to the next group's first head (or "
-                       "lies past q and past the output for the last KV head); mask the q load "
-                       "and the store with g < GROUP")
-WRONG_HEAD = Mistake("the wrong head of a group", "it matches query head h reading KV head "
-                     "h % num_kv_heads: the heads sharing KV head k are k * GROUP .. k * GROUP "
-                     "+ GROUP - 1, so h reads h // GROUP")
+PADDING_ROWS = Mistake(
+    "rows of padding not masked",
+    "with a group of 3 the tile has more rows than heads: a row g >= GROUP is the next "
+    "group's first head, or lies past q and past the output for the last KV head, so it "
+    "neither loads nor stores")
+WRONG_HEAD = Mistake(
+    "the wrong head of a group",
+    "it matches query head h reading KV head h % num_kv_heads: the heads that share KV "
+    "head k are k * GROUP to k * GROUP + GROUP - 1, consecutive")
 
 
 def _gqa_read(case, name, idx):
@@ -121,11 +132,15 @@ def _puzzle_6():
              _decode_case("4 over 4 (a group of 1)", 3, lens=[9, 17], heads=4, kv_heads=4,
                           head_dim=16)]
     models = _decode_models() + [(WRONG_HEAD, _wrong_head)]
-    return Puzzle("puzzle 6", [
+    p = Puzzle("puzzle 6", [
         ("equals the reference for groups of 3, 4 and 1", cases), random_cases(6, _random_gqa)],
         data=("q", "key_cache", "value_cache", "out"), mistakes=models,
         read_mistake=_gqa_read, overrun_mistake=PADDING_ROWS, nan_mistake=READ_PAST,
-        picture=lambda c, r: _decode_picture(c, r, "(request, KV head)"))
+        picture=lambda c, r: _decode_picture(c, r, "(request, KV head)"), answer=_decode_answer,
+        index_args=("block_table",))
+    p.extra.append(("reads each KV head's K and V once for its group (bytes = the minimum)",
+                    reads_kv_once(p, cases[0])))
+    return p
 
 
 # ------------------------------------------------ puzzle 7: a prefill chunk
@@ -154,14 +169,18 @@ def _prefill_case(label, seed, *, lens, q_lens, heads=2, head_dim=16, block_size
                 info=dict(per_slot=heads * head_dim, one_past=one_past(p, lens, block_size)))
 
 
-NO_CAUSAL = Mistake("no causal mask", "it matches every query seeing every key of its request: "
-                    "query i of a chunk sits at q_pos = seq_len - q_len + i and sees keys with "
-                    "pos <= q_pos")
-FROM_ZERO_Q = Mistake("query positions from 0", "it matches query i at position i: a chunk "
-                      "continues its context, q_pos = context_len + i with context_len = "
-                      "seq_len - q_len")
-SELF_MASKED = Mistake("a query does not see itself", "it matches the mask pos < q_pos: a query "
-                      "sees its own key, pos <= q_pos")
+NO_CAUSAL = Mistake(
+    "no causal mask",
+    "it matches every query seeing every key of its request: query i of a chunk sits at "
+    "q_pos = seq_len - q_len + i and sees only the keys at positions up to its own")
+FROM_ZERO_Q = Mistake(
+    "query positions from 0",
+    "it matches query i at position i: a chunk continues its context, so its first query "
+    "sits at context_len = seq_len - q_len")
+SELF_MASKED = Mistake(
+    "a query does not see itself",
+    "it matches the mask pos < q_pos: a query's own key is written before attention runs, "
+    "and it sees it")
 
 
 def _prefill_model(causal_shift=None, from_zero=False):
@@ -197,14 +216,20 @@ def _puzzle_7():
              _prefill_case("20 queries: two query tiles", 3, lens=[27], q_lens=[20]),
              _prefill_case("three requests: a chunk, a decode, a whole prompt", 4,
                            lens=[19, 9, 6], q_lens=[7, 1, 6], block_size=16)]
-    return Puzzle("puzzle 7", [
-        ("equals causal attention for chunks with and without context", cases),
+    beside = _prefill_case("a 20-query chunk beside a decode (the decode's tile 1 is empty)", 5,
+                           lens=[30, 12], q_lens=[20, 1])
+    p = Puzzle("puzzle 7", [
+        ("equals causal attention for chunks with and without context", cases + [beside]),
         random_cases(7, _random_prefill)],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=[(NO_CAUSAL, _prefill_model()), (FROM_ZERO_Q, _prefill_model(0, from_zero=True)),
                   (SELF_MASKED, _prefill_model(-1))] + _decode_models()[:1],
         read_mistake=cache_read_mistake, nan_mistake=READ_PAST, atol=5e-4,
-        picture=lambda c, r: _decode_picture(c, r, "(request, head, query tile)"))
+        picture=lambda c, r: _decode_picture(c, r, "(request, head, query tile)"),
+        answer=lambda a: reference_paged_attention(**a), index_args=("block_table",))
+    p.extra.append(("no tile loads a key none of its queries may see",
+                    causal_bound(p, [cases[1], cases[2], beside])))
+    return p
 
 
 # ------------------------------------------------ puzzle 8: split-KV partials
@@ -260,14 +285,18 @@ def _split_case(label, seed, *, lens, num_splits, heads=2, head_dim=8, block_siz
                 info=dict(per_slot=heads * head_dim, one_past=one_past(p, lens, block_size)))
 
 
-NATURAL_LSE = Mistake("lse in base e", "it matches the natural log-sum-exp: the merge expects "
-                      "base 2, lse2 = m2 + log2(l) with the scores scaled by scale * log2(e) "
-                      "(tl.exp2, tl.log2)")
-EMPTY_SEGMENT = Mistake("an empty segment", "a split past a short request's last key sees no "
-                        "key: l = 0 and m = -inf give NaN; store a partial of 0 and an lse of "
-                        "-inf there")
-WHOLE_SEQUENCE = Mistake("every split reads the whole sequence", "split s covers positions "
-                         "s * seg .. min((s + 1) * seg, seq_len) - 1 only")
+NATURAL_LSE = Mistake(
+    "lse in base e",
+    "it matches the natural log-sum-exp: the merge weighs a split by 2 to the power of "
+    "its lse, so the lse is in base 2, of scores taken to base 2")
+EMPTY_SEGMENT = Mistake(
+    "an empty segment",
+    "a split past a short request's last key sees no key: l = 0 and m = -inf. It must "
+    "weigh nothing in the merge (a partial of 0, an lse of -inf) rather than divide by 0")
+WHOLE_SEQUENCE = Mistake(
+    "every split reads the whole sequence",
+    "split s covers positions s * seg to min((s + 1) * seg, seq_len) - 1 only: the splits "
+    "share the keys out, none is read twice")
 
 
 def _puzzle_8():
@@ -293,7 +322,8 @@ def _puzzle_8():
                                                     num_splits=pick(1, 5), block_size=pick((1, 4, 16))))],
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=[(NATURAL_LSE, natural), (WHOLE_SEQUENCE, whole)], read_mistake=cache_read_mistake,
-        nan_mistake=EMPTY_SEGMENT, picture=_split_picture, atol=5e-4)
+        nan_mistake=EMPTY_SEGMENT, picture=_split_picture, atol=5e-4,
+        answer=lambda a: reference_split_partials(**a), index_args=("block_table",))
 
 
 def _split_picture(case, run):
@@ -326,12 +356,18 @@ def _merge_case(label, seed, *, splits, rows=2, heads=2, head_dim=8, empty=0, bi
                 needs=dict(partial=partial.numel() * F32, lse=lse.numel() * F32, out=outb))
 
 
-EXP_NOT_EXP2 = Mistake("exp where exp2 belongs", "the lse is in base 2: the weights are "
-                       "2 ** (lse - max), tl.exp2")
-NOT_NORMALISED = Mistake("weights not normalised", "divide the weighted sum by the sum of the "
-                         "weights")
-MERGE_OVERFLOW = Mistake("the max lse not subtracted", "2 ** 200 overflows fp32 (inf / inf = "
-                         "NaN): subtract the largest lse before tl.exp2")
+EXP_NOT_EXP2 = Mistake(
+    "exp where exp2 belongs",
+    "the lse is in base 2: a split's weight is 2, not e, to the power of its lse less the "
+    "largest")
+NOT_NORMALISED = Mistake(
+    "weights not normalised",
+    "the merged output is a weighted average of the partials: the weights sum to 1 only "
+    "once divided by their sum")
+MERGE_OVERFLOW = Mistake(
+    "the max lse not subtracted",
+    "2 ** 200 overflows fp32 (inf / inf = NaN); the average is unchanged when every lse "
+    "moves by the same amount, and moved down by the largest no weight exceeds 1")
 
 
 def _puzzle_9():
@@ -362,7 +398,7 @@ def _puzzle_9():
         ("stays finite with lse near 200", big)],
         data=("partial", "lse", "out"), mistakes=[(EXP_NOT_EXP2, exp_e),
                                                                  (NOT_NORMALISED, not_norm)],
-        nan_mistake=MERGE_OVERFLOW, picture=picture)
+        nan_mistake=MERGE_OVERFLOW, picture=picture, answer=lambda a: reference_merge(**a))
 
 
 # ------------------------------------------------------ puzzle 10: copy_blocks
@@ -377,6 +413,7 @@ def reference_copy_blocks(caches, block_pairs):
 
 
 def _copy_case(label, seed, *, layers, pairs, num_blocks=8, block_size=4, heads=2, head_dim=4):
+    """``caches``: 2 x ``layers`` fp32 caches; ``block_pairs`` int64 ``(src, dst)``."""
     g = torch.Generator().manual_seed(seed)
     caches = [torch.randn(num_blocks, block_size, heads, head_dim, generator=g)
               for _ in range(2 * layers)]
@@ -387,12 +424,18 @@ def _copy_case(label, seed, *, layers, pairs, num_blocks=8, block_size=4, heads=
                 minimum=n, needs={f"caches[{i}]": 2 * len(pairs) * block for i in range(2 * layers)})
 
 
-SWAPPED = Mistake("src and dst swapped", "each pair is (src, dst): read block src, write block dst")
-ONE_LAYER = Mistake("one cache only", "every layer's K and V cache is copied: the grid's second "
-                    "axis runs over the pointer table, one program per (pair, cache)")
-NOT_REFUSED = Mistake("overlapping pairs accepted", "a block that is both a src and a dst (or a "
-                      "dst twice) makes the result depend on which program runs first: raise "
-                      "ValueError naming the block before launching, and change nothing")
+SWAPPED = Mistake(
+    "src and dst swapped",
+    "each pair is (src, dst): block src is read, block dst written")
+ONE_LAYER = Mistake(
+    "one cache only",
+    "every layer's K and V cache holds its own copy of the block: the launch covers every "
+    "(pair, cache), one program each")
+NOT_REFUSED = Mistake(
+    "overlapping pairs accepted",
+    "a block that is both a src and a dst (or a dst twice) makes the result depend on "
+    "which program runs first: the statement asks for a ValueError naming the block, "
+    "raised before anything changes")
 
 
 def _refuses(fn):
@@ -423,7 +466,9 @@ def _random_copy(k, pick):
 def _puzzle_10():
     cases = [_copy_case("one pair, one layer", 1, layers=1, pairs=[[2, 5]]),
              _copy_case("three pairs, three layers (six caches)", 2, layers=3,
-                        pairs=[[0, 7], [3, 1], [6, 4]])]
+                        pairs=[[0, 7], [3, 1], [6, 4]]),
+             _copy_case("blocks of 2,560 elements (16 slots x 2 heads x 80), more than a tile",
+                        3, layers=1, pairs=[[1, 6], [4, 2]], block_size=16, head_dim=80)]
 
     def swapped(c):
         return reference_copy_blocks(c.args["caches"], c.args["block_pairs"].flip(1))
@@ -436,6 +481,8 @@ def _puzzle_10():
         ("copies every pair in every cache, nothing else", cases), random_cases(10, _random_copy)],
         data=("caches",), mistakes=[(SWAPPED, swapped), (ONE_LAYER, one)],
         result=lambda got, args: tuple(args["caches"]), picture=_copy_picture, atol=0.0,
+        # Its work is a copy: there is no answer to compute before the launch (no ``answer``).
+        explain=block_tail_not_copied, index_args=("block_pairs",),
         extra=[("refuses overlapping pairs (ValueError naming the block), changing nothing",
                 _refuses)])
 
@@ -464,11 +511,12 @@ def reference_table_width(max_num_blocks, block_size):
     return cdiv(max_num_blocks, align) * align
 
 
-NOT_PADDED = Mistake("the table not padded to 128 tokens", "an unmasked table load of a "
-                     "128-key tile names columns up to the tile's end, past the request's "
-                     "blocks; only a row at least as wide as the tiles (a multiple of 128 "
-                     "tokens, vLLM's get_block_table_width) keeps them inside the row, and "
-                     "inside the table for the last row: copy the table into zeros of that width")
+NOT_PADDED = Mistake(
+    "the table not padded to 128 tokens",
+    "an unmasked table load of a 128-key tile names columns up to the tile's end, past "
+    "the request's blocks; only a row whose width is a whole number of 128-token spans "
+    "(vLLM's get_block_table_width) keeps them inside the row, and inside the table for "
+    "the last row")
 
 
 def _unmasked_read(case, name, idx):
@@ -484,14 +532,16 @@ def _puzzle_11():
     cases = [case("block size 16: 5 columns, padded to 8", 1, [40, 9, 70], 16),
              case("block size 4: 13 columns, padded to 32", 2, [13, 50], 4),
              case("block size 1: 30 columns, padded to 128", 3, [5, 30], 1),
-             case("block size 128: one column, already aligned", 4, [100, 7], 128)]
+             case("block size 128: one column, already aligned", 4, [100, 7], 128),
+             case("block size 48, not a power of two: 3 columns, padded to 8", 5, [60, 140], 48)]
     rand = random_cases(11, lambda k, pick: case(f"random case {k}", 100 + k,
                                                  [pick(1, 70) for _ in range(pick(1, 3))],
                                                  pick((1, 2, 4, 8, 16, 32, 64, 128, 256))))
     return Puzzle("puzzle 11", [("equals the reference, the table loads in bounds", cases), rand],
                   data=("q", "key_cache", "value_cache", "out"), mistakes=_decode_models(),
                   read_mistake=_unmasked_read, tail_read_mistake=NOT_PADDED, nan_mistake=READ_PAST,
-                  picture=_decode_picture, guard_rows=TOKEN_ALIGNMENT)
+                  picture=_decode_picture, guard_rows=TOKEN_ALIGNMENT, answer=_decode_answer,
+                  index_args=("block_table",))
 
 # ----------------------------------------------- what the ladder reads
 
@@ -515,12 +565,13 @@ PICTURES = {
 #: The mistakes each puzzle's check names, in the order it tries them.
 MISTAKES = {
     5: [OVERRUN_MISTAKE, IN_ORDER, NO_SCALE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
-    6: [PADDING_ROWS, IN_ORDER, NO_SCALE, WRONG_HEAD, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
+    6: [PADDING_ROWS, IN_ORDER, NO_SCALE, WRONG_HEAD, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST,
+        ONE_PER_QUERY_HEAD, KV_READ_TWICE],
     7: [OVERRUN_MISTAKE, NO_CAUSAL, FROM_ZERO_Q, SELF_MASKED, IN_ORDER, TABLE_PAST, OFF_BY_ONE_READ,
-        READ_PAST],
+        READ_PAST, CAUSAL_LOOP],
     8: [OVERRUN_MISTAKE, NATURAL_LSE, WHOLE_SEQUENCE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST,
         EMPTY_SEGMENT],
     9: [OVERRUN_MISTAKE, EXP_NOT_EXP2, NOT_NORMALISED, MERGE_OVERFLOW],
-    10: [OVERRUN_MISTAKE, SWAPPED, ONE_LAYER, NOT_REFUSED],
+    10: [OVERRUN_MISTAKE, SWAPPED, ONE_LAYER, ONE_TILE_PER_BLOCK, NOT_REFUSED],
     11: [OVERRUN_MISTAKE, NOT_PADDED, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, READ_PAST],
 }

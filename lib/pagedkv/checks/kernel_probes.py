@@ -23,6 +23,13 @@
 * ``traced_accesses``: like ``traced_loads``, for loads and stores both, each
   access tagged with the program that made it (the kernel puzzles draw what
   every program read and wrote, and count the bytes moved).
+* ``inputs_changed_at_launch``: at a call's first launch, just before the
+  kernel runs, the inputs take new values (in place, and in the copies the
+  wrapper made of them: ``contiguous``, ``to``, ``clone``, a padded copy).
+  A kernel that computes from its inputs answers for the new values; one
+  that copies an answer PyTorch computed before the launch still answers
+  for the old. Skipping launches cannot tell those two apart; this can,
+  compiled as well as interpreted.
 
 Every launch, compiled or interpreted, goes through ``run`` on the kernel
 object (``kernel[grid](...)`` calls it), and every interpreted load through
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,7 +51,8 @@ from .._device import default_device
 
 __all__ = ["LaunchCount", "count_triton_launches", "skipped_triton_launches", "interpreted",
            "GUARD_BLOCK_ID", "guarded_rows", "guarded_copy", "traced_loads", "loads_in", "INT_POISON",
-           "GuardedAllocations", "guarded_allocations", "SENTINEL", "Access", "traced_accesses"]
+           "GuardedAllocations", "guarded_allocations", "SENTINEL", "Access", "traced_accesses",
+           "inputs_changed_at_launch"]
 
 #: The block id in the guard rows around a ``guarded_rows`` table.
 GUARD_BLOCK_ID = 999_999
@@ -57,6 +65,8 @@ SENTINEL = -12_345
 @dataclass
 class LaunchCount:
     count: int = 0
+    #: each launch's grid as given (a tuple, or the callable a launch may pass)
+    grids: list = field(default_factory=list)
 
 
 def _kernel_classes():
@@ -80,6 +90,7 @@ def _patched_launches(counter: LaunchCount, skip: bool):
 
         def run(self, *args, __original=original, **kwargs):
             counter.count += 1
+            counter.grids.append(kwargs.get("grid"))
             return None if skip else __original(self, *args, **kwargs)
 
         originals[cls] = original
@@ -295,3 +306,104 @@ def traced_accesses():
     finally:
         InterpreterBuilder.create_masked_load = load
         InterpreterBuilder.create_masked_store = store
+
+
+# ------------------------------------------------------------------ inputs changed under the kernel
+
+def _copy_like():
+    import torch.nn.functional as F
+
+    funcs = [torch.Tensor.contiguous, torch.Tensor.clone, torch.clone, torch.Tensor.to,
+             torch.Tensor.float, torch.Tensor.double, torch.Tensor.half, torch.Tensor.bfloat16,
+             torch.Tensor.long, torch.Tensor.int, torch.Tensor.type, torch.Tensor.cuda,
+             torch.Tensor.cpu, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten,
+             torch.flatten, torch.Tensor.__setitem__, torch.Tensor.copy_, F.pad]
+    pad = getattr(torch._C._nn, "pad", None)
+    return tuple(funcs + ([pad] if pad is not None else []))
+
+
+def _storage(t) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+class _Copies(TorchFunctionMode):
+    """Record the value-preserving copies made of the watched tensors, to replay them later.
+
+    Only copies (``contiguous``, ``to``, ``clone``, ``pad``, assigning a
+    watched tensor into a slice of another, ...) of a watched tensor itself,
+    or of such a copy, are recorded: never arithmetic, never a copy of a
+    piece of one (an indexed block, say). A result PyTorch computed from the
+    inputs is not replayed, so it keeps the old values.
+    """
+
+    def __init__(self, watched):
+        super().__init__()
+        self.known = list(watched)  # kept alive, so their ids stay theirs
+        self.ids = {id(t) for t in self.known}
+        self.steps: list = []  # (func, args, kwargs, out)
+        self.replaying = False
+        self.funcs = _copy_like()
+
+    def _watch(self, t) -> None:
+        self.known.append(t)
+        self.ids.add(id(t))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.replaying or func not in self.funcs:
+            return out
+        in_place = func in (torch.Tensor.__setitem__, torch.Tensor.copy_)
+        src = args[2] if func is torch.Tensor.__setitem__ else args[1] if func is torch.Tensor.copy_ \
+            else args[0] if args else None
+        target = args[0] if in_place else out
+        if (id(src) in self.ids and isinstance(target, torch.Tensor)
+                and _storage(target) != _storage(src)):
+            self.steps.append((func, args, kwargs, None if in_place else out))
+            self._watch(target)
+        return out
+
+    def replay(self) -> None:
+        self.replaying = True
+        try:
+            for func, args, kwargs, out in self.steps:
+                fresh = func(*args, **kwargs)
+                if out is not None and isinstance(fresh, torch.Tensor) and fresh.shape == out.shape:
+                    out.copy_(fresh)
+        finally:
+            self.replaying = False
+
+
+@contextmanager
+def inputs_changed_at_launch(changes, handed=()):
+    """``changes``: ``(tensor, new_values)`` pairs, applied in place at the first launch.
+
+    The copies the call made before launching of those tensors, or of the
+    views of them in ``handed`` (what the call was given), are brought up
+    to date too. Yields a ``LaunchCount``.
+    """
+    changes = [(t, v) for t, v in changes]
+    copies = _Copies([t for t, _ in changes] + list(handed))
+    counter = LaunchCount()
+    originals = {}
+    for cls in _kernel_classes():
+        original = cls.__dict__.get("run")
+        if original is None:
+            continue
+
+        def run(self, *args, __original=original, **kwargs):
+            if counter.count == 0:
+                for t, v in changes:
+                    t.copy_(v.to(t.device))
+                copies.replay()
+            counter.count += 1
+            return __original(self, *args, **kwargs)
+
+        originals[cls] = original
+        cls.run = run
+    try:
+        with copies:
+            yield counter
+    finally:
+        for cls, original in originals.items():
+            cls.run = original

@@ -111,18 +111,28 @@ def cache_read_mistake(case, name, idx):
     return None
 
 
-TABLE_PAST = Mistake("loads block-table columns past the sequence", "mask the table load with "
-                     "pos < seq_len, like the K/V loads: those columns hold garbage ids")
-READ_PAST = Mistake("read past seq_len", "the slots past a sequence (the rest of its last "
-                    "block, blocks it does not own) hold another request's data, NaN here: "
-                    "mask every K/V load with pos < seq_len")
-OFF_BY_ONE_READ = Mistake("read past seq_len, at position seq_len", "the only poisoned slot it "
-                          "read holds position seq_len: the mask is pos < seq_len (an "
-                          "off-by-one pos <= seq_len reads exactly that slot)")
-IN_ORDER = Mistake("blocks read in order", "it matches reading blocks 0, 1, 2, ... in order: "
-                   "look each position's block up in the table, block_table[r, pos // block_size]")
-NO_SCALE = Mistake("no scale", "it matches attention without the scale: multiply the scores by "
-                   "`scale`")
+TABLE_PAST = Mistake(
+    "loads block-table columns past the sequence",
+    "the columns past a request's last block hold garbage ids, and for the longest "
+    "request lie past the row or past the table: a table load is bound by the sequence, "
+    "as the K/V loads are")
+READ_PAST = Mistake(
+    "read past seq_len",
+    "the slots past a sequence (the rest of its last block, blocks it does not own) hold "
+    "another request's data, NaN here; a score masked to -inf gives p = 0, but 0 x NaN is "
+    "NaN, so the K and V loads themselves never reach past seq_len")
+OFF_BY_ONE_READ = Mistake(
+    "read past seq_len, at position seq_len",
+    "the only poisoned slot it read holds position seq_len, the first position the "
+    "request does not have")
+IN_ORDER = Mistake(
+    "blocks read in order",
+    "it matches reading physical blocks 0, 1, 2, ... in order: logical block j of a "
+    "request lives wherever its table row says, not in physical block j")
+NO_SCALE = Mistake(
+    "no scale",
+    "it matches attention with unscaled scores: softmax(q . k) is not softmax(q . k x "
+    "scale), and the caller's scale belongs on every score")
 
 
 def one_past(case_dict, lens, block_size):

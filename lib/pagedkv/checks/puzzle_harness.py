@@ -41,21 +41,42 @@ import torch
 
 from .._device import default_device
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer
-from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, interpreted,
-                            skipped_triton_launches, traced_accesses)
+from .interpreter_probes import OutOfBounds, bounded_accesses, dot_minimum, dot_shapes, index_products
+from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy,
+                            inputs_changed_at_launch, interpreted, skipped_triton_launches,
+                            traced_accesses)
 
 __all__ = ["Case", "Puzzle", "Run", "run_case", "check_puzzle", "bytes_moved", "trace_report",
-           "LAUNCH_MISTAKE", "CHEAT_MISTAKE", "OVERRUN_MISTAKE", "TAIL_READ_MISTAKE"]
+           "LAUNCH_MISTAKE", "CHEAT_MISTAKE", "COPIED_MISTAKE", "OVERRUN_MISTAKE", "TAIL_READ_MISTAKE",
+           "UNMASKED_MISTAKE", "SMALL_DOT_MISTAKE", "INT32_INDEX_MISTAKE"]
 
-LAUNCH_MISTAKE = Mistake("no kernel", "the puzzle is the kernel: launch your @triton.jit "
-                         "function as kernel[grid](...)")
+LAUNCH_MISTAKE = Mistake("no kernel", "the puzzle is the kernel: the answer must come from a "
+                         "@triton.jit function the wrapper launches")
 CHEAT_MISTAKE = Mistake("computed outside the kernel", "with every Triton launch skipped the "
-                        "answer is still right: the wrapper only allocates the output and "
-                        "launches; every value comes from a tl.store")
-OVERRUN_MISTAKE = Mistake("stores past the output", "mask every tl.store to the elements that "
-                          "exist")
-TAIL_READ_MISTAKE = Mistake("loads past a buffer it allocated", "mask every tl.load to the "
-                            "elements that exist")
+                        "answer is still right, so PyTorch computed it: the wrapper's job is "
+                        "to allocate and launch, and every output value comes from the kernel")
+COPIED_MISTAKE = Mistake("an answer copied, not computed", "the inputs took new values as the "
+                         "kernel launched, and the output still answers the old ones: the "
+                         "kernel copied a result computed before it ran. Every output value "
+                         "must come from the kernel's own loads of its inputs")
+OVERRUN_MISTAKE = Mistake("stores past the output", "a tile has lanes past the output's last "
+                          "element: a store writes only elements that exist")
+TAIL_READ_MISTAKE = Mistake("loads past a buffer it allocated", "a tile has lanes past the "
+                            "buffer's last element: a load reads only elements that exist")
+UNMASKED_MISTAKE = Mistake("an unmasked load or store", "a tile's lanes past the data are "
+                           "addresses too, and these lay outside every tensor the kernel was "
+                           "handed: the interpreter would have crashed (the check stopped it "
+                           "first), and a GPU reads or overwrites whatever lies there. Every "
+                           "live lane must stay inside its tensor")
+SMALL_DOT_MISTAKE = Mistake("a tl.dot the GPU compiler refuses", "the interpreter multiplies "
+                            "any shapes, but Triton's compiled target needs the inner dimension "
+                            "K of [M, K] x [K, N] to be at least 16 (32 for 8-bit types); M "
+                            "and N may be smaller, Triton pads them")
+INT32_INDEX_MISTAKE = Mistake("int32 index arithmetic", "a block id (or pair) loaded as int32 "
+                              "and multiplied in int32 wraps once the product passes 2**31: a "
+                              "pool's element offsets get there long before its block ids do "
+                              "(2**31 fp32 elements are 8 GiB). Every product of an index must "
+                              "be computed in int64")
 
 
 @dataclass
@@ -103,6 +124,14 @@ class Puzzle:
     overrun_mistake: Any = None
     tail_read_mistake: Mistake | None = None  # a load past the end of a buffer the wrapper allocated
     guard_rows: int = 1  # guard rows around every tensor argument
+    #: ``answer(given) -> want``: the reference on the arguments as handed over
+    #: (for the inputs changed at launch); ``None``: that check is not made.
+    answer: Callable | None = None
+    #: ``changes(case) -> {name: new value}``: what the inputs become at launch;
+    #: by default every floating data tensor gets fresh values, poison kept.
+    changes: Callable | None = None
+    #: index tensors (block tables, pairs) whose products must be int64
+    index_args: tuple = ()
 
 
 @dataclass
@@ -115,6 +144,8 @@ class Run:
     overruns: list
     launches: int
     tails: list = field(default_factory=list)  # guarded tails of the buffers the call allocated
+    dots: list = field(default_factory=list)  # every tl.dot's DotShape (interpreter only)
+    grids: list = field(default_factory=list)  # every launch's grid
 
 
 def _guarded(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -148,11 +179,33 @@ def run_case(fn, case: Case, puzzle: Puzzle) -> Run:
     given = {k: case.views[k](v) if k in case.views else v for k, v in args.items()}
     # A wrong kernel's NaN and overflows are the check's to report, not numpy's warnings.
     with count_triton_launches() as n, traced_accesses() as acc, guarded_allocations() as allocs, \
-            np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        got = fn(**given)
+            dot_shapes() as dots:
+        got = _bounded_call(fn, given, args, case, puzzle)
     got = puzzle.result(got, args) if puzzle.result else got
-    return Run(got, args, acc, allocs.overruns(), n.count, allocs.tails())
+    return Run(got, args, acc, allocs.overruns(), n.count, allocs.tails(), list(dots), n.grids)
+
+
+def _bounded_call(fn, given: dict, args: dict, case: Case, puzzle: Puzzle):
+    """``fn(**given)``, every interpreted load and store held inside the tensors it can reach.
+
+    A lane outside them is stopped before it happens (in the interpreter it
+    would have killed the process) and named. NaN and overflow warnings of a
+    wrong kernel are the check's to report, not numpy's.
+    """
+    with bounded_accesses(_named_tensors(args)) as bounds, np.errstate(all="ignore"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            return fn(**given)
+        except Exception as exc:  # noqa: BLE001 -- a stray lane is named; anything else is the learner's
+            if bounds.violation is None:
+                raise
+            # The puzzle's own name for a stray read of that tensor, where it has one.
+            mistake = None
+            if puzzle.read_mistake is not None and bounds.tensor is not None:
+                mistake = puzzle.read_mistake(case, bounds.tensor, bounds.flat)
+            raise WrongAnswer(f"{case.label}: {bounds.violation}",
+                              (mistake or UNMASKED_MISTAKE).diagnosis()) from exc
 
 
 def _named_tensors(args: dict) -> dict:
@@ -298,8 +351,21 @@ def _tail_reads(run: Run) -> str | None:
     return None
 
 
+def _small_dots(run: Run) -> str | None:
+    """The first tl.dot the compiled target would refuse, described (``None``: none)."""
+    for d in run.dots:
+        m, n, k = dot_minimum(d.bits)
+        if d.m < m or d.n < n or d.k < k:
+            return (f"a tl.dot of {d} has K = {d.k}: Triton's compiled target needs K >= {k} "
+                    f"(and M >= {m}, N >= {n})")
+    return None
+
+
 def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None:
     """Raise the ``WrongAnswer`` that names what went wrong, if anything did."""
+    small = _small_dots(run)
+    if small:
+        raise WrongAnswer(f"{case.label}: {small}", SMALL_DOT_MISTAKE.diagnosis())
     if run.overruns:
         mistake = puzzle.overrun_mistake or OVERRUN_MISTAKE
         if callable(mistake):
@@ -339,6 +405,107 @@ def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None
     raise WrongAnswer(f"{case.label}: {problem}")
 
 
+def _device_copy(v):
+    if isinstance(v, list):
+        return [_device_copy(t) for t in v]
+    return v.to(default_device(), copy=True) if isinstance(v, torch.Tensor) else v
+
+
+def _handed(case: Case, args: dict) -> dict:
+    return {k: case.views[k](v) if k in case.views else v for k, v in args.items()}
+
+
+def _refresh(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Fresh values shaped like ``t``; its non-finite entries (poison, -inf) stay as they are."""
+    new = torch.randn(t.shape, generator=g).to(t.dtype)
+    keep = ~torch.isfinite(t)
+    new[keep] = t[keep]
+    return new
+
+
+def fresh_inputs(case: Case, puzzle: Puzzle) -> dict:
+    """The default change at launch: fresh values for every floating data tensor among the inputs."""
+    g = torch.Generator().manual_seed(4242)
+    out = {}
+    for name, v in case.args.items():
+        if name not in puzzle.data:
+            continue
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            out[name] = _refresh(v, g)
+        elif isinstance(v, list) and v and all(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                               for t in v):
+            out[name] = [_refresh(t, g) for t in v]
+    return out
+
+
+READS_A_COPY = Mistake("reads what the wrapper computed", "the inputs took new values as the "
+                       "kernel launched, and the output answers neither the old inputs nor the "
+                       "new: the kernel reads something the wrapper computed from them before "
+                       "launching. Hand the kernel the inputs themselves (a copy, a conversion "
+                       "or a padded copy is fine; arithmetic belongs in the kernel)")
+
+
+def _follows_its_inputs(puzzle: Puzzle, fn, case: Case) -> None:
+    """Change the inputs as the kernel launches: the answer must be the new inputs' answer."""
+    changes = (puzzle.changes or fresh_inputs)(case, puzzle) if puzzle.answer else {}
+    if not changes:
+        return
+    args = {k: _device_copy(v) for k, v in case.args.items()}
+    new_args = {**case.args, **changes}
+    want = puzzle.answer(_handed(case, new_args))
+    pairs = []
+    for name, value in changes.items():
+        if isinstance(value, list):
+            pairs += list(zip(args[name], value))
+        else:
+            pairs.append((args[name], value))
+    given = _handed(case, args)
+    handed = [given[name] for name in changes if isinstance(given[name], torch.Tensor)]
+    with inputs_changed_at_launch(pairs, handed):
+        got = _bounded_call(fn, given, args, case, puzzle)
+    got = puzzle.result(got, args) if puzzle.result else got
+    if _compare(got, want, puzzle.atol) is None:
+        return
+    what = f"{case.label}: the inputs ({', '.join(changes)}) took new values as the kernel launched"
+    if _compare(got, case.want, puzzle.atol) is None:
+        raise WrongAnswer(f"{what}, and the output still answers the old ones",
+                          COPIED_MISTAKE.diagnosis())
+    raise WrongAnswer(f"{what}, and the output answers neither: {_compare(got, want, puzzle.atol)}",
+                      READS_A_COPY.diagnosis())
+
+
+def _index_arithmetic(puzzle: Puzzle, fn, case: Case) -> None:
+    """No product of a loaded index in int32; no index tensor handed over narrowed to int32."""
+    from .interpreter_probes import on_launch
+
+    args = {k: _guarded(v, puzzle.guard_rows) if isinstance(v, torch.Tensor) else _device_copy(v)
+            for k, v in case.args.items()}
+    named = {k: args[k] for k in puzzle.index_args}
+    storages = {t.untyped_storage().data_ptr() for t in _named_tensors(args).values()}
+
+    def like(t: torch.Tensor):
+        for name, idx in named.items():
+            if (not t.is_floating_point() and t.dtype != torch.bool and t.dim() == idx.dim()
+                    and t.shape[0] == idx.shape[0] and t.untyped_storage().data_ptr() not in storages):
+                return name
+        return None
+
+    narrowed = []
+
+    def handed(tensors):
+        for t in tensors:
+            name = like(t)
+            if name and t.element_size() < named[name].element_size():
+                narrowed.append(f"the kernel is handed {name} as {str(t.dtype)[6:]}, not "
+                                f"{str(named[name].dtype)[6:]} as given")
+
+    with index_products(named, like) as found, on_launch(handed):
+        _bounded_call(fn, _handed(case, args), args, case, puzzle)
+    if found or narrowed:
+        what = str(found[0]) if found else narrowed[0]
+        raise WrongAnswer(f"{case.label}: {what}", INT32_INDEX_MISTAKE.diagnosis())
+
+
 def check_puzzle(puzzle: Puzzle, fn, timeout: float = 60.0) -> CheckReport:
     """Run every property of ``puzzle`` on ``fn``; print one line each."""
     launches: list[int] = []
@@ -358,26 +525,27 @@ def check_puzzle(puzzle: Puzzle, fn, timeout: float = 60.0) -> CheckReport:
             c.prop(name, cases_hold(cases), "compare one case by hand with the reference above")
         for name, body in puzzle.extra:
             c.prop(name, lambda body=body: body(fn))
+        if puzzle.index_args:
+            c.prop("multiplies block ids in int64 (offsets pass 2**31)",
+                   lambda: _index_arithmetic(puzzle, fn, first))
 
         def in_a_kernel():
-            if not launches or min(launches) == 0:
+            if not launches:
+                raise WrongAnswer("no case ran to its end, so there is nothing to judge here "
+                                  "(the lines above say why)")
+            if min(launches) == 0:
                 raise WrongAnswer("some call ran no Triton kernel", LAUNCH_MISTAKE.diagnosis())
             case = puzzle.cheat_case or first
-            def copy(v):
-                if isinstance(v, list):
-                    return [copy(t) for t in v]
-                return v.to(default_device(), copy=True) if isinstance(v, torch.Tensor) else v
-
-            args = {k: copy(v) for k, v in case.args.items()}
-            given = {k: case.views[k](v) if k in case.views else v for k, v in args.items()}
+            args = {k: _device_copy(v) for k, v in case.args.items()}
             with skipped_triton_launches():
-                got = fn(**given)
+                got = fn(**_handed(case, args))
             got = puzzle.result(got, args) if puzzle.result else got
             if _compare(got, case.want, puzzle.atol) is None:
                 raise WrongAnswer("with every Triton launch skipped, the answer is still right",
                                   CHEAT_MISTAKE.diagnosis())
+            _follows_its_inputs(puzzle, fn, case)
 
-        c.prop("computes in a Triton kernel", in_a_kernel)
+        c.prop("computes in a Triton kernel, from its inputs", in_a_kernel)
     return c.report
 
 
