@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 import pagedkv  # noqa: F401  -- fixes the Triton mode before the solution's kernel is defined
 from pagedkv import checks
@@ -20,6 +21,7 @@ from tools.notebooks import load_cell_function
 from pagedkv.kernels import paged_attention_ref
 
 SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "07_paged_attention.ipynb"
+IN_A_KERNEL = "computes in a Triton kernel"
 
 
 @functools.cache
@@ -52,7 +54,7 @@ def test_plain_pytorch_fails_only_the_launch_property():
 
     report = lines(checks.check_decode_attention(torch_only))
     failed = [name for name, r in report.items() if not r.passed]
-    assert failed == ["computes in a Triton kernel"]
+    assert failed == [IN_A_KERNEL]
 
 
 def test_mistakes_are_named():
@@ -79,7 +81,7 @@ def test_mistakes_are_named():
         out = kernel(q[:, perm].contiguous(), key_cache, value_cache, block_table, seq_lens, scale)
         return out[:, torch.argsort(perm)].contiguous()
 
-    expected = {no_scale: "without the scale", whole_blocks: "every slot of the last block",
+    expected = {no_scale: "unscaled scores", whole_blocks: "every slot of the last block",
                 in_order: "in order", wrong_group: "h % num_kv_heads"}
     for fn, words in expected.items():
         report = lines(checks.check_decode_attention(fn, seed=1))
@@ -130,7 +132,7 @@ def test_an_unmasked_table_load_is_named():
         return  # compiled kernels cannot be traced: only the values are checked
     assert list(failed) == ["never loads a block-table column past the sequence"], failed
     detail = failed["never loads a block-table column past the sequence"]
-    assert "Diagnosis: loads block-table columns past the sequence -- mask the table load" in detail
+    assert "Diagnosis: loads block-table columns past the sequence -- a table column past" in detail
 
 
 def test_torch_answer_with_a_do_nothing_kernel_fails_the_kernel_property():
@@ -145,10 +147,9 @@ def test_torch_answer_with_a_do_nothing_kernel_fails_the_kernel_property():
         return out
 
     failed = failures(checks.check_decode_attention(cheat))
-    assert list(failed) == ["computes in a Triton kernel"], failed
-    assert "with every Triton launch skipped, it still returned the right output" in \
-        failed["computes in a Triton kernel"]
-    assert "Diagnosis: computed outside the kernel" in failed["computes in a Triton kernel"]
+    assert list(failed) == [IN_A_KERNEL], failed
+    assert "with every Triton launch skipped, it still returned the right output" in failed[IN_A_KERNEL]
+    assert "Diagnosis: computed outside the kernel" in failed[IN_A_KERNEL]
 
 
 def test_a_hang_costs_one_timeout_and_every_property_says_so():
@@ -159,7 +160,7 @@ def test_a_hang_costs_one_timeout_and_every_property_says_so():
     start = time.perf_counter()
     report = checks.check_decode_attention(hangs, timeout=0.5)
     elapsed = time.perf_counter() - start
-    assert not report and len(report.results) == 10
+    assert not report and len(report.results) == 11
     assert all("no answer within 0.5 s" in r.detail for r in report.results)
     assert elapsed < 0.5 + 3.0, elapsed
 
@@ -210,3 +211,51 @@ def test_the_guarded_tail_catches_a_store_past_the_end():
     assert allocs.overruns() == []
     out.view(-1).as_strided((7,), (1,))[6] = 1.0  # one element past the end
     assert allocs.overruns() == ["1 element(s) past the end of a [2, 3] buffer it allocated"]
+
+
+# -- issue 36: answers that used to pass --------------------------------------------------------------
+
+SCALED = "a scale the caller chooses (0.3, not 1/sqrt(head_dim))"
+
+
+def test_a_hard_coded_scale_is_named():
+    kernel = solution_decode_attention()
+
+    def hard_coded(q, key_cache, value_cache, block_table, seq_lens, scale):
+        return kernel(q, key_cache, value_cache, block_table, seq_lens, q.shape[2] ** -0.5)
+
+    failed = failures(checks.check_decode_attention(hard_coded))
+    assert list(failed) == [SCALED], failed
+    assert "Diagnosis: the scale hard-coded -- it matches a scale of 1/sqrt(head_dim)" in failed[SCALED]
+
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, TILE: tl.constexpr):
+    offs = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_torch_answer_copied_by_a_kernel_fails_the_kernel_property():
+    # The kernel runs and reads, so skipping launches leaves poison: only changing the inputs
+    # as it launches shows it answers for inputs it never read.
+    def cheat(q, key_cache, value_cache, block_table, seq_lens, scale):
+        qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        answer = paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, qsl, scale)
+        out = torch.empty_like(q)
+        _copy_kernel[(triton.cdiv(q.numel(), 256),)](answer, out, q.numel(), TILE=256)
+        return out
+
+    failed = failures(checks.check_decode_attention(cheat))
+    assert list(failed) == [IN_A_KERNEL], failed
+    assert "the output still answers the old ones" in failed[IN_A_KERNEL]
+    assert "Diagnosis: an answer copied, not computed" in failed[IN_A_KERNEL]
+
+
+def test_diagnoses_name_the_invariant_not_the_line():
+    # A diagnosis says what the kernel broke; it never hands over the code that fixes it.
+    from pagedkv.checks import ch07_paged_attention as ch07
+
+    for mistake in [m for _, m in ch07.MISTAKES] + [ch07.READ_PAST, ch07.TABLE_MISTAKE,
+                                                    ch07.PADDING_MISTAKE, ch07.BF16_MISTAKE]:
+        for code in ("tl.", "mask=", "other=", ".to(", " < seq_len"):
+            assert code not in mistake.fix, (mistake.name, code)

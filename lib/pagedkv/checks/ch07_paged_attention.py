@@ -54,8 +54,9 @@ from .._device import default_device
 from ..common import cdiv
 from ..kernels.attention import paged_attention_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
-from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, guarded_rows, loads_in,
-                            skipped_triton_launches, traced_loads)
+from .interpreter_probes import bounded_accesses, dot_minimum, dot_shapes
+from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, guarded_rows,
+                            inputs_changed_at_launch, loads_in, skipped_triton_launches, traced_loads)
 
 __all__ = ["check_decode_attention", "TABLE_MISTAKE", "PADDING_MISTAKE", "BF16_MISTAKE"]
 
@@ -68,7 +69,7 @@ def _poison_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, max_len=70,
-          dtype=torch.float32):
+          dtype=torch.float32, scale=None):
     """A decode step: scattered blocks; poison in every slot the kernel must not read.
 
     Besides the kernel's arguments, ``need`` (each request's number of blocks,
@@ -99,8 +100,8 @@ def _case(seed, *, num_reqs=3, heads=4, kv_heads=2, head_dim=16, block_size=16, 
     q = torch.randn(num_reqs, heads, head_dim, generator=g)
     q, kc, vc = q.to(dtype), kc.to(dtype), vc.to(dtype)
     return dict(q=q, key_cache=kc, value_cache=vc, block_table=table,
-                seq_lens=torch.tensor(lens, dtype=torch.int32), scale=head_dim ** -0.5,
-                need=need, poison=poison)
+                seq_lens=torch.tensor(lens, dtype=torch.int32),
+                scale=head_dim ** -0.5 if scale is None else scale, need=need, poison=poison)
 
 
 def _cleaned(case) -> dict:
@@ -121,6 +122,8 @@ def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, s
         table = table.clamp(max=kc.shape[0] - 1)
     if whole_blocks:
         lens = ((lens + bs - 1) // bs) * bs
+    if scale == "1/sqrt(d)":  # the scale hard-coded
+        scale = q.shape[2] ** -0.5
     if wrong_group:  # query head h read from KV head h % num_kv_heads
         rep = q.shape[1] // kc.shape[2]
         kc, vc = kc.repeat(1, 1, rep, 1), vc.repeat(1, 1, rep, 1)
@@ -145,45 +148,73 @@ def _close(a, b) -> bool:
 
 MISTAKES = [
     (dict(in_order=True), Mistake(
-        "blocks read in order", "it matches reading blocks 0, 1, 2, ... in order: look each position's "
-        "block up in the table, block_table[r, pos // block_size]")),
+        "blocks read in order", "it matches reading physical blocks 0, 1, 2, ... in order: logical "
+        "block j of a request lives wherever its table row says, not in physical block j")),
     (dict(whole_blocks=True), Mistake(
-        "every slot of the last block", "it matches attending to every slot of the last block: mask the "
-        "positions >= seq_len (their slots hold someone else's data)")),
+        "every slot of the last block", "it matches attending to every slot of the last block: the "
+        "slots from seq_len on hold someone else's data, and a request sees only its own seq_len "
+        "positions")),
     (dict(wrong_group=True), Mistake(
-        "the wrong KV head", "it matches query head h reading KV head h % num_kv_heads: the "
-        "group of query heads sharing KV head k is k*group .. k*group+group-1")),
+        "the wrong KV head", "it matches query head h reading KV head h % num_kv_heads: the query "
+        "heads that share KV head k are consecutive, k * group to k * group + group - 1")),
     (dict(scale=1.0), Mistake(
-        "no scale", "it matches attention without the scale: multiply the scores by `scale`")),
+        "no scale", "it matches attention with unscaled scores: the caller's scale belongs on "
+        "every score")),
+    (dict(scale="1/sqrt(d)"), Mistake(
+        "the scale hard-coded", "it matches a scale of 1/sqrt(head_dim) where the caller passed "
+        "another: the scale is the caller's choice (a model may set its own, and vLLM passes it "
+        "in), so the kernel uses the one it is given")),
 ]
 READ_PAST = Mistake(
-    "read past seq_len", "NaN/inf from the poisoned slots reached the output, and with zeros there "
-    "the answer is right: the K/V loads are not masked (a masked score gives p = 0, but 0 x NaN is "
-    "NaN, and on a GPU those slots hold whatever a previous request left): mask the K/V loads with "
-    "pos < seq_len, other=0.0")
+    "read past seq_len",
+    "NaN/inf from the poisoned slots reached the output, and with zeros there the answer "
+    "is right: a score masked to -inf gives p = 0, but 0 x NaN is NaN (and on a GPU those "
+    "slots hold whatever a previous request left), so the K and V loads themselves never "
+    "reach past seq_len")
 READ_POISON = Mistake(
-    "read past seq_len", "NaN/inf from the poisoned slots (past seq_len, unused table columns, free "
-    "blocks) reached the output: mask every K/V load with pos < seq_len")
+    "read past seq_len",
+    "NaN/inf from the poisoned slots (past seq_len, behind unused table columns, in free "
+    "blocks) reached the output: no K or V load may reach a slot the request does not own")
 FIRST_TILE = Mistake(
-    "the online softmax's first tile", "the output has NaN/inf even with no poison in the cache: "
-    "guard the online softmax's first tile (exp(-inf - -inf) is NaN)")
+    "the online softmax's first tile",
+    "the output has NaN/inf even with no poison in the cache: before the first real score "
+    "the running max is -inf, and exp(-inf - (-inf)) is NaN; the recurrence must start "
+    "from m = -inf, l = 0 without ever computing that")
 TABLE_MISTAKE = Mistake(
-    "loads block-table columns past the sequence", "mask the table load with pos < seq_len, as the "
-    "K/V loads: a column past the sequence may lie past the row, or past the whole table")
+    "loads block-table columns past the sequence",
+    "a table column past the request's last block holds a garbage id, and may lie past "
+    "the row or past the whole table: a table load is bound by the sequence, as the K/V "
+    "loads are")
 PADDING_MISTAKE = Mistake(
-    "rows of padding not masked", "with a group of 3 the tile has GROUP_P2 = 4 rows and the 4th is "
-    "padding: it belongs to the next group's first head (or lies past q and past the output for the "
-    "last KV head); mask the q load and the store with g < GROUP")
+    "rows of padding not masked",
+    "with a group of 3 the tile has GROUP_P2 = 4 rows and the 4th is padding: its head "
+    "index is the next group's first head, or lies past q and past the output for the "
+    "last KV head, so that row neither loads nor stores")
 OVERRUN_MISTAKE = Mistake(
-    "stores past the output", "a store reached past the end of the output: mask every tl.store to the "
-    "rows and heads that exist")
+    "stores past the output",
+    "a store reached past the end of the output: every stored lane must be a row and head "
+    "that exists")
 BF16_MISTAKE = Mistake(
-    "arithmetic in bf16", "the same case in fp32 is right: convert q, K and V to fp32 after loading "
-    "them (.to(tl.float32)) and keep m, l and acc in fp32; the store converts back to out's dtype "
-    "(in the interpreter bf16 values are raw 16-bit integers, so bf16 arithmetic is garbage there)")
+    "arithmetic in bf16",
+    "the same case in fp32 is right: the arithmetic (scores, m, l, acc) must run in fp32 "
+    "whatever the inputs' dtype, and only the stored output is bf16 (in the interpreter "
+    "bf16 values are raw 16-bit integers, so bf16 arithmetic is garbage there; on a GPU "
+    "it loses precision)")
+UNMASKED_MISTAKE = Mistake(
+    "an unmasked load or store", "a tile's lanes past the data are addresses too, and these lay "
+    "outside every tensor the kernel was handed: the interpreter would have crashed (the check "
+    "stopped it first), and a GPU reads or overwrites whatever lies there")
+SMALL_DOT_MISTAKE = Mistake(
+    "a tl.dot the GPU compiler refuses", "the interpreter multiplies any shapes, but Triton's "
+    "compiled target needs the inner dimension K of [M, K] x [K, N] to be at least 16: the "
+    "head_dim for the scores, the key tile for p @ V (M, the rows, may be fewer)")
+COPIED_MISTAKE = Mistake(
+    "an answer copied, not computed", "the kernel copied a result computed before it ran: every "
+    "output value must come from the kernel's own loads of q, K and V")
 CHEAT_MISTAKE = Mistake(
-    "computed outside the kernel", "the kernel must produce the output: the wrapper only allocates "
-    "it (torch.empty) and launches; every value comes from a tl.store")
+    "computed outside the kernel",
+    "the kernel must produce the output: the wrapper's job is to allocate it and launch, "
+    "and every output value comes from the kernel's own loads of q, K and V")
 
 
 def _named(case, got) -> str | None:
@@ -261,8 +292,19 @@ def _run(fn, case, log: _Log):
     args["block_table"] = guarded_rows(case["block_table"], guard=int(case["block_table"][0, -1]))
     # q's guard rows hold NaN: a row of padding loaded past the last head reads it.
     args["q"] = guarded_copy(case["q"])
-    with count_triton_launches() as launches, traced_loads() as addresses, guarded_allocations() as allocs:
-        got = fn(**args)
+    with count_triton_launches() as launches, traced_loads() as addresses, \
+            guarded_allocations() as allocs, dot_shapes() as dots, bounded_accesses(args) as bounds:
+        try:
+            got = fn(**args)
+        except Exception as exc:  # noqa: BLE001 -- a stray lane is named; anything else is the learner's
+            if bounds.violation is None:
+                raise
+            raise WrongAnswer(bounds.violation, UNMASKED_MISTAKE.diagnosis()) from exc
+    for d in dots:
+        m, n, k = dot_minimum(d.bits)
+        if d.m < m or d.n < n or d.k < k:
+            raise WrongAnswer(f"a tl.dot of {d} has K = {d.k}: Triton's compiled target needs "
+                              f"K >= {k}", SMALL_DOT_MISTAKE.diagnosis())
     log.launches.append(launches.count)
     seen = _table_reads_past(case, args["block_table"], addresses)
     if seen:
@@ -291,6 +333,35 @@ def _past_the_group(case, log: _Log) -> None:
     padded = group & (group - 1) != 0
     mistake = PADDING_MISTAKE if padded else OVERRUN_MISTAKE
     raise WrongAnswer(f"{'; '.join(what)} (groups of {group} query heads)", mistake.diagnosis())
+
+
+def _follows_its_inputs(fn, case) -> None:
+    """q, K and V take new values as the kernel launches: the output must answer the new ones."""
+    dev = default_device()
+    g = torch.Generator().manual_seed(4242)
+    args = {k: (case[k].to(dev, copy=True) if isinstance(case[k], torch.Tensor) else case[k])
+            for k in ("q", "key_cache", "value_cache", "block_table", "seq_lens", "scale")}
+    new = dict(case)
+    for name in ("q", "key_cache", "value_cache"):
+        fresh = torch.randn(case[name].shape, generator=g).to(case[name].dtype)
+        keep = ~torch.isfinite(case[name])  # the poison stays where it was
+        fresh[keep] = case[name][keep]
+        new[name] = fresh
+    with inputs_changed_at_launch([(args[k], new[k]) for k in ("q", "key_cache", "value_cache")]), \
+            bounded_accesses(args) as bounds:
+        try:
+            got = fn(**args)
+        except Exception as exc:  # noqa: BLE001 -- as in _run
+            if bounds.violation is None:
+                raise
+            raise WrongAnswer(bounds.violation, UNMASKED_MISTAKE.diagnosis()) from exc
+    if not isinstance(got, torch.Tensor) or _close(got, _reference(new)):
+        return
+    if _close(got, _reference(case)):
+        raise WrongAnswer("q, K and V took new values as the kernel launched, and the output still "
+                          "answers the old ones", COPIED_MISTAKE.diagnosis())
+    raise WrongAnswer("q, K and V took new values as the kernel launched, and the output answers "
+                      "neither the old values nor the new", COPIED_MISTAKE.diagnosis())
 
 
 def _without_kernels(fn, case) -> None:
@@ -351,6 +422,8 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
         c.prop("GQA ratio 1 (multi-head attention)", case_prop(num_reqs=3, heads=2, kv_heads=2, max_len=50), hint)
         c.prop("a group of 3 query heads, padded to 4 rows (SmolLM2: 9 over 3 KV heads)",
                case_prop(num_reqs=3, heads=9, kv_heads=3, max_len=50), hint)
+        c.prop("a scale the caller chooses (0.3, not 1/sqrt(head_dim))",
+               case_prop(num_reqs=3, heads=8, kv_heads=2, max_len=50, scale=0.3), hint)
         c.prop("bf16 q and caches (output in bf16)",
                case_prop(num_reqs=3, heads=8, kv_heads=4, max_len=50, dtype=torch.bfloat16), hint)
 
@@ -367,6 +440,7 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
                 raise AssertionError("no Triton kernel ran in some call: the attention must be computed "
                                      "by a @triton.jit kernel launched as kernel[grid](...)")
             _without_kernels(fn, _case(seed + 7, num_reqs=2, max_len=20))
+            _follows_its_inputs(fn, _case(seed + 7, num_reqs=2, max_len=20))
 
         c.prop("computes in a Triton kernel", launched)
     return c.report
@@ -374,4 +448,4 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
 
 catalogue(check_decode_attention, [m for _, m in MISTAKES],
           [READ_PAST, READ_POISON, FIRST_TILE, TABLE_MISTAKE, PADDING_MISTAKE, OVERRUN_MISTAKE, BF16_MISTAKE,
-           CHEAT_MISTAKE])
+           UNMASKED_MISTAKE, SMALL_DOT_MISTAKE, CHEAT_MISTAKE, COPIED_MISTAKE])
