@@ -538,3 +538,53 @@ def test_p11_alignment_for_block_size_48():
     if interpreted:
         detail = failures(checks.check_kernel_puzzle(11, fn))["equals the reference, the table loads in bounds"]
         assert "block size 48, not a power of two" in detail
+
+
+# ------------------------------------------------------------ the prediction: a split-KV program grid
+
+def test_the_split_rule_is_the_grid_the_committed_kernel_reads():
+    # The expected grid is computed from the rule; the solution's kernel, traced, reads exactly it.
+    from pagedkv.checks import ch07b_grid_prediction as grid
+    from pagedkv.checks.kernel_probes import traced_accesses
+
+    if not interpreted:
+        return
+    lens = [n for n, _ in grid.REQUESTS.values()]
+    table = torch.tensor([row for _, row in grid.REQUESTS.values()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    kc = torch.randn(grid.NUM_BLOCKS, grid.BLOCK_SIZE, 1, 8, generator=g)
+    q = torch.randn(len(lens), 1, 8, generator=g)
+    with traced_accesses() as accesses:
+        solution(8)(q, kc, kc.clone(), table, torch.tensor(lens, dtype=torch.int32), 8 ** -0.5,
+                    grid.NUM_SPLITS)
+    start, slot_bytes = kc.data_ptr(), kc.stride(0) * kc.element_size()
+    read = {}
+    for a in accesses:
+        if a.kind == "load":
+            hits = a.addresses[(a.addresses >= start) & (a.addresses < start + kc.numel() * 4)]
+            key = (list(grid.REQUESTS)[a.program[0]], a.program[2])
+            read.setdefault(key, set()).update(((hits - start) // slot_bytes).tolist())
+    want = grid.split_program_blocks(grid.REQUESTS, grid.BLOCK_SIZE, grid.NUM_SPLITS)
+    assert {k: sorted(v) for k, v in want.items()} == {k: sorted(read.get(k, ())) for k in want}
+
+
+def test_the_grid_prediction_grades_names_and_draws(capsys):
+    from pagedkv.checks import ch07b_grid_prediction as grid
+
+    report = checks.check_split_grid_prediction(None)
+    assert report.stub and "not made yet (write it into predicted_blocks" in capsys.readouterr().out
+    right = grid.split_program_blocks(grid.REQUESTS, grid.BLOCK_SIZE, grid.NUM_SPLITS)
+    assert checks.check_split_grid_prediction({k: list(reversed(v)) for k, v in right.items()})
+    for mistake in grid.GRID_MISTAKES:
+        report = checks.check_split_grid_prediction(mistake.model())
+        assert not report and f"Diagnosis: {mistake.name}" in report.results[0].detail
+        assert "What the trace leads to" in report.picture and "Your prediction" in report.picture
+    one_short = {**right, ("A", 0): [6]}
+    report = checks.check_split_grid_prediction(one_short)
+    assert "program ('A', 0) reads block 2 too (you predicted [6], it reads [6, 2])" in \
+        report.results[0].detail
+    assert "(A, 0)    . . - . . . r" in report.picture  # the block it missed, marked
+    report = checks.check_split_grid_prediction([[6, 2]])
+    assert "expected a dict {(request, split): [block ids]}" in report.results[0].detail
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 79

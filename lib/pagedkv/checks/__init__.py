@@ -24,4 +24,5 @@ from .ch06_manager_decisions import *  # noqa: F401,F403
 from .ch08_serving_engine import *  # noqa: F401,F403
 from .ch07b_kernel_puzzles import (check_kernel_puzzle, print_puzzle_mistakes, show_reference,  # noqa: F401
                                    trace_kernel_puzzle)
+from .ch07b_grid_prediction import SPLIT_TRACE, check_split_grid_prediction  # noqa: F401
 from ._harness import print_mistakes  # noqa: F401
