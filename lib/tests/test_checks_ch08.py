@@ -314,7 +314,7 @@ def remove_row(table, row_of, rid):
     return load_cell_function(SOLUTION, "remove_row")(table, row_of, rid)
 
 
-@pytest.mark.parametrize("name, count", [("update_block_table", 3), ("tokens_this_step", 4),
+@pytest.mark.parametrize("name, count", [("update_block_table", 4), ("tokens_this_step", 4),
                                          ("fan_out", 3), ("blocks_in_use", 3), ("diagnose", 4)])
 def test_each_later_solution_passes(name, count, capsys):
     report = getattr(checks, f"check_{name}")(solution(name))
@@ -381,7 +381,7 @@ def test_table_mistakes_are_named(case):
 
 def test_a_kept_preempted_row_fails_only_where_someone_is_preempted():
     report = checks.check_update_block_table(TABLE_CASES["preempted kept"][0])
-    assert [r.passed for r in report.results] == [True, False, False]
+    assert [r.passed for r in report.results] == [True, False, False, True]
 
 
 # 2. the token budget
@@ -448,3 +448,52 @@ def test_a_parser_that_needs_a_preemptions_part_is_named():
 def test_the_engine_runs_give_every_verdict():
     verdicts = {diag._expected_verdict(stats) for _, stats in diag._engine_lines(0)}
     assert verdicts == set(diag.VERDICTS)
+
+
+# -- issue 36 §7: the two gaps the wider set of wrong answers found ----------------------------------
+
+
+def test_a_strict_threshold_fails_at_exactly_90_percent_and_is_named():
+    good = solution("diagnose")
+
+    def strict(line):  # "> 90" where the rule says "at least 90%"
+        verdict = good(line)
+        if verdict == "memory-bound" and "usage: 90.0%" in line:
+            return "queue-bound"
+        return verdict
+
+    report = checks.check_diagnose(strict)
+    failed = [r for r in report.results if not r.passed]
+    assert [r.name for r in failed] == ["memory-bound: a queue behind a full pool (90.0% included)"]
+    line = " ".join(failed[0].line().split())
+    assert line.startswith("\u274c") and "usage: 90.0%" in line
+    assert "you said 'queue-bound', expected 'memory-bound'" in line
+    assert "Diagnosis: a strict > at the threshold -- the rule is a usage of at least 90%" in line
+
+
+def _add_first(table, row_of, out):
+    """Adds the arrivals first, then removes the departures: fine until the table is full."""
+    for rid in out.num_scheduled_tokens:
+        ids = out.new_block_ids.get(rid, [])
+        if rid in out.scheduled_running_reqs:
+            table.append_row(ids, row_of[rid])
+        else:
+            row_of[rid] = len(row_of)
+            table.add_row(ids, row_of[rid])
+    for rid in out.finished_req_ids + out.preempted_req_ids:
+        remove_row(table, row_of, rid)
+
+
+def test_adding_arrivals_before_removing_departures_fails_on_a_full_table_by_name():
+    report = checks.check_update_block_table(_add_first)
+    # the roomy scenarios never fill the table, so only the full one catches it
+    assert [r.passed for r in report.results] == [True, True, True, False]
+    line = " ".join(report.results[3].line().split())
+    assert line.startswith("\u274c a full table: a request joins as another leaves")
+    assert "all 3 rows were in use" in line
+    assert "Diagnosis: added arrivals before removing departures -- the table has max_num_seqs rows" in line
+
+
+def test_a_kept_finished_row_on_the_full_table_is_not_called_adding_first():
+    details = failures(checks.check_update_block_table(TABLE_CASES["finished kept"][0]))
+    assert details and not any("added arrivals before removing" in d for d in details)

@@ -1,8 +1,10 @@
 """Checks for exercise 8's section 4: ``diagnose(line)``, a verdict on vLLM's periodic log line.
 
 Checked on lines the engine printed in runs with known settings and on lines
-built with ``EngineStats.log_line``. A wrong verdict that a known mistake
-explains is named (``Mistake``).
+built with ``EngineStats.log_line``, two of them on either side of the
+threshold (90.0% and 89.9% while requests wait), where a strict ``>`` and
+``>=`` part. A wrong verdict that a known mistake explains is named
+(``Mistake``).
 """
 
 from __future__ import annotations
@@ -42,16 +44,17 @@ def _fields(line: str) -> dict:
 
 
 def _verdict(line: str, order=("pre", "wait"), high=HIGH_USAGE,
-             by_usage=False) -> str:
+             by_usage=False, strict=False) -> str:
     f = _fields(line)
+    full = (lambda u: u > high) if strict else (lambda u: u >= high)
     if by_usage:
-        return "pool too small" if f["usage"] >= high else (
+        return "pool too small" if full(f["usage"]) else (
             "queue-bound" if f["waiting"] else "healthy")
     for rule in order:
         if rule == "pre" and f["preemptions"]:
             return "pool too small"
         if rule == "wait" and f["waiting"]:
-            return "memory-bound" if f["usage"] >= high else "queue-bound"
+            return "memory-bound" if full(f["usage"]) else "queue-bound"
     return "healthy"
 
 
@@ -68,6 +71,10 @@ DIAGNOSE_MISTAKES = [
             "a pool may run at 95% and serve everyone: it is too small only "
             "when it preempts; high usage with a queue is memory-bound",
             lambda line: _verdict(line, by_usage=True)),
+    Mistake("a strict > at the threshold",
+            "the rule is a usage of at least 90%: a line at exactly 90.0% "
+            "with requests waiting is memory-bound, not queue-bound",
+            lambda line: _verdict(line, strict=True)),
     Mistake("ignored the preemptions",
             "\"Preemptions: N\" appears only when the interval had some: "
             "look for it, and treat its absence as 0",
@@ -121,7 +128,8 @@ def _built_lines() -> list:
         return stats.log_line(), stats
     return [line(12, 0, 0, 0.95), line(12, 5, 0, 0.97, 0.31),
             line(4, 7, 0, 0.31), line(9, 3, 2, 0.99), line(9, 3, 1, 0.62),
-            line(3, 0, 0, 0.05, 0.0), line(8, 0, 1, 0.70)]
+            line(3, 0, 0, 0.05, 0.0), line(8, 0, 1, 0.70),
+            line(6, 2, 0, 0.90), line(6, 2, 0, 0.899)]
 
 
 def _expected_verdict(stats: EngineStats) -> str:
@@ -184,11 +192,11 @@ def check_diagnose(diagnose, seed: int = 0,
 
     with one_thread(), c:
         c.probe(lambda: diagnose(built[0][0]))
-        c.prop("healthy and queue-bound (no preemptions)",
+        c.prop("healthy and queue-bound (no preemptions; 89.9% is not full)",
                lambda: _check_lines(diagnose, [built[0], built[2],
-                                               built[5]]))
-        c.prop("memory-bound: a queue behind a full pool",
-               lambda: _check_lines(diagnose, [built[1]]))
+                                               built[5], built[8]]))
+        c.prop("memory-bound: a queue behind a full pool (90.0% included)",
+               lambda: _check_lines(diagnose, [built[1], built[7]]))
         c.prop("pool too small: the interval preempted",
                lambda: _check_lines(diagnose, [built[3], built[4],
                                                built[6]]))

@@ -4,7 +4,8 @@ After the preemption loop (``ch08_serving_engine``) the learner writes:
 
 1. ``update_block_table(table, row_of, scheduler_output)``: the worker's
    rows from one ``SchedulerOutput``. Checked by driving real engines step by
-   step (preemptions, resumptions, prefix hits, chunked prompts) and
+   step (preemptions, resumptions, prefix hits, chunked prompts, a full table
+   that a request joins as another leaves) and
    comparing the learner's table, request by request, with the engine's own
    worker table after every step.
 2. ``tokens_this_step(budget, running, waiting, max_num_seqs)``: how many
@@ -56,35 +57,46 @@ def _table_scenarios(seed: int) -> dict:
         [(1 + 2 * (i // 3), f"b{i}",
           prefix[:rng.randrange(0, 9)] + random_prompt(rng, rng.randrange(2, 9)),
           rng.randrange(4, 14)) for i in range(9)])
+    # Every row of a 3-row table in use, and a request joining in the step
+    # another leaves: only removing the leaving row first makes room.
+    s["a full table: a request joins as another leaves"] = (
+        engine_args(num_gpu_blocks_override=40, max_model_len=40, max_num_seqs=3),
+        [(1, f"f{i}", random_prompt(rng, rng.randrange(3, 8)), max_tokens)
+         for i, max_tokens in enumerate((2, 5, 8, 3, 6))])
     return s
 
 
 TABLE_MISTAKES = [
     Mistake("add_row for a running request (overwrites)",
             "a running request's new_block_ids are only the blocks it got "
-            "this step: append_row them to its row; add_row replaces the "
-            "row and loses its earlier blocks"),
+            "this step, and add_row replaces the row: its earlier blocks "
+            "are lost from the table while the request still reads them"),
     Mistake("append_row for a resumed request (stale blocks kept)",
             "a resumed request's new_block_ids are its whole block list, as "
             "for a new request, and its old blocks went back to the pool at "
-            "preemption: remove its row then, add_row a fresh one now "
-            "(vLLM replaces its block ids)"),
+            "preemption: a row that still names them names blocks another "
+            "request may now hold (vLLM replaces its block ids)"),
     Mistake("forgot the preempted rows",
             "scheduler_output.preempted_req_ids left the batch this step, "
-            "their blocks are freed and may go to someone else: remove "
-            "their rows as you remove the finished ones (kept, the row "
-            "would at resumption name stale blocks before the new ones)"),
+            "their blocks are freed and may go to someone else: a row kept "
+            "for one of them names stale blocks, before its new ones at "
+            "resumption"),
     Mistake("forgot the finished rows",
             "scheduler_output.finished_req_ids finished since the last "
-            "step: remove their rows first"),
+            "step: they are out of the batch, and their blocks are free"),
     Mistake("left a hole in the rows",
-            "the kernels read rows 0..num_reqs-1: when a request leaves, "
-            "move the last row into its hole (remove_row does it)"),
+            "the kernels read rows 0..num_reqs-1: a cleared row in the "
+            "middle is read as a request with no blocks, and the last one "
+            "is not read at all"),
+    Mistake("added arrivals before removing departures",
+            "the table has max_num_seqs rows, all in use when the batch is "
+            "full: a request that joins needs the row that a leaving one "
+            "frees, so no row is free until the leaving ones are out"),
 ]
 
 
 (ADD_FOR_RUNNING, APPEND_FOR_RESUMED, KEPT_PREEMPTED, KEPT_FINISHED,
- HOLE) = TABLE_MISTAKES
+ HOLE, ADD_FIRST) = TABLE_MISTAKES
 
 
 def _apply_the_worker_rule(prev: dict, out, rid: str) -> list:
@@ -149,6 +161,24 @@ def _check_table(table, row_of, want: dict, out, where: str) -> None:
                 _table_mistake(rid, mine[rid], want[rid], out))
 
 
+def _full_table_mistake(fn, snapshot, out, table) -> str | None:
+    """Why ``fn`` ran out of rows on a full table: it adds before it removes,
+    or it never removes. Told apart on a copy with one spare row."""
+    row_of, rows = snapshot
+    spare = BlockTable(table.max_num_reqs + 1, table.max_num_blocks_per_req, device="cpu")
+    for r, ids in enumerate(rows):
+        spare.add_row(ids, r)
+    row_of = dict(row_of)
+    try:
+        fn(spare, row_of, out)
+    except Exception:  # noqa: BLE001 -- no diagnosis then
+        return None
+    kept = [rid for rid in out.finished_req_ids + out.preempted_req_ids if rid in row_of]
+    if not kept:
+        return ADD_FIRST.diagnosis()
+    return (KEPT_FINISHED if kept[0] in out.finished_req_ids else KEPT_PREEMPTED).diagnosis()
+
+
 def _run_table(fn, name: str, args, arrivals) -> None:
     engine = LLMEngine(args, tiny_model(), log_fn=lambda line: None)
     table = BlockTable(args.max_num_seqs,
@@ -175,6 +205,8 @@ def _run_table(fn, name: str, args, arrivals) -> None:
                 want[o.request_id] = _apply_the_worker_rule(
                     prev, out, o.request_id)
         where = f"{name}, step {out.step} ({out.summary()})"
+        rows_before = len(row_of)
+        snapshot = (dict(row_of), [table.row(r) for r in range(table.max_num_reqs)])
         try:
             fn(table, row_of, out)
         except (KeyError, IndexError) as exc:
@@ -184,6 +216,13 @@ def _run_table(fn, name: str, args, arrivals) -> None:
                     f"{where}: raised {type(exc).__name__}: {exc!r} for "
                     f"the resumed request {key!r}, which has no row since "
                     "its preemption", APPEND_FOR_RESUMED.diagnosis()) from None
+            leaving = out.finished_req_ids + out.preempted_req_ids
+            if isinstance(exc, IndexError) and leaving and rows_before >= table.max_num_reqs:
+                raise WrongAnswer(
+                    f"{where}: raised IndexError: {exc} -- all "
+                    f"{table.max_num_reqs} rows were in use, and "
+                    f"{', '.join(leaving)} left in this step",
+                    _full_table_mistake(fn, snapshot, out, table)) from None
             raise
         _check_table(table, row_of, want, out, where)
         prev = engine.worker.rows()
@@ -207,9 +246,9 @@ def check_update_block_table(update_block_table, seed: int = 0,
             c.prop(f"{name}: the worker's rows, every step",
                    functools.partial(_run_table, update_block_table, name,
                                      args, arrivals),
-                   hint="remove the rows of finished and preempted requests "
-                        "first; then add_row for new and resumed requests, "
-                        "append_row for running ones")
+                   hint="after the update the table holds one row per "
+                        "request in the batch, rows 0..n-1, each naming "
+                        "exactly the blocks the scheduler gave that request")
     return c.report
 
 
@@ -450,8 +489,8 @@ def check_tokens_this_step(tokens_this_step, seed: int = 0,
         c.probe(hand(cases[0]))
         c.prop("running first, then the queue in order, the last chunked",
                hand(cases[0], cases[1], cases[4]),
-               hint="serve running requests first; then waiting ones in "
-                    "order, each min(prompt, budget left)")
+               hint="the running requests are served before anyone "
+                    "waiting, and the queue first come, first served")
         c.prop("a running request mid-prompt gets the rest of its chunk",
                hand(cases[2]))
         c.prop("max_num_seqs counts running and admitted requests",

@@ -59,9 +59,11 @@ from ..common import cdiv
 from .ch08_diagnose import check_diagnose  # noqa: E402 -- exercise 8's later tasks
 from .ch08_engine_tasks import check_tokens_this_step, check_update_block_table  # noqa: E402
 from .ch08_fan_out import check_blocks_in_use, check_fan_out  # noqa: E402
+from .ch08_tasks import check_pool_design, check_step_prediction  # noqa: E402
 
 __all__ = ["check_preemption_loop", "check_update_block_table", "check_tokens_this_step",
-           "check_fan_out", "check_blocks_in_use", "check_diagnose"]
+           "check_fan_out", "check_blocks_in_use", "check_diagnose", "check_step_prediction",
+           "check_pool_design"]
 
 #: Allocation failures in a row, with nobody preempted in between, before the
 #: referee calls it a loop that never stops (nothing changes between tries).
@@ -180,19 +182,20 @@ class _Call:
         rid = self.request.request_id
         if self.self_preempted:
             self._whistle(f"did not stop when the request itself was preempted: after preempting {rid} it "
-                          f"called allocate_slots again; return None as soon as the victim is the request")
+                          f"called allocate_slots again, but a request that preempted itself holds no blocks and "
+                          "waits: the loop ends there, with None")
         if request is not self.request:
             self._whistle(f"allocated slots for {getattr(request, 'request_id', request)!r}: allocate for the "
                           f"request you were given ({rid})")
         if num_new_tokens != self.n:
             self._whistle(f"asked allocate_slots for {num_new_tokens!r} tokens: pass num_new_tokens "
-                          f"({self.n}) unchanged")
+                          f"({self.n}): the step scheduled that many")
         if self.tried and self.last_blocks is None:
             self.failed_in_a_row += 1
             if self.failed_in_a_row >= MAX_BARE_RETRIES:
                 self._whistle(f"never stops: allocate_slots failed {MAX_BARE_RETRIES} times in a row with "
-                              "nobody preempted in between, and nothing changes between such tries; after "
-                              "each failure preempt the last running request")
+                              "nobody preempted in between, and nothing changes between such tries: only a "
+                              "preemption makes room")
         self.tried = True
         self.last_blocks = self._allocate(request, num_new_tokens, *args, **kwargs)
         return self.last_blocks
@@ -211,10 +214,11 @@ class _Call:
         vid = getattr(victim, "request_id", victim)
         if self.self_preempted:
             self._whistle(f"did not stop when the request itself was preempted: after preempting {rid} it "
-                          f"went on to preempt {vid}; return None as soon as the victim is the request")
+                          f"went on to preempt {vid}, but a request that preempted itself waits: the loop ends "
+                          "there, with None")
         if self.last_blocks is not None:
             self._whistle(f"preempted someone when the request already fit: allocate_slots had returned "
-                          f"{rid}'s blocks, then it preempted {vid}; return the blocks at once")
+                          f"{rid}'s blocks, then it preempted {vid}: nobody loses work for a request that fits")
         if all(v is not victim for v in s.running):
             self._whistle(f"preempted {vid}, which is not running (do not change scheduler.running "
                           "yourself: scheduler.preempt takes the victim out)")
@@ -224,8 +228,8 @@ class _Call:
         free = self.manager.get_num_free_blocks()
         if not self.tried and need <= free:
             self._whistle(f"preempted someone when the request already fit: it preempted {vid} while {rid} "
-                          f"needed {max(need, 0)} more block(s) and {free} were free; call allocate_slots "
-                          "first, preempt only when it returns None")
+                          f"needed {max(need, 0)} more block(s) and {free} were free: a preemption is only for "
+                          "a request that does not fit, which allocate_slots tells")
         last = s.running[-1]
         if victim is not last:
             fcfs = ("vLLM's FCFS policy preempts the last request of the running list "
@@ -257,20 +261,21 @@ class _Call:
         if self.self_preempted:
             if result is not None:
                 self._whistle(f"returned blocks for a preempted request: {rid} preempted itself, so return "
-                              f"None, not {_short(result)}")
+                              f"None (it waits), not {_short(result)}")
             return
         if result is None:
             if not self.victims:
-                self._whistle("gave up without preempting: when allocate_slots returns None, preempt the last "
-                              "running request and try again")
+                self._whistle("gave up without preempting: a running request that does not fit takes room "
+                              "from the last running request before it gives up")
             self._whistle(f"returned None while {rid} was still running (after preempting "
-                          f"{', '.join(self.victims)}): keep preempting the last running request until it "
-                          "fits or the victim is the request itself")
+                          f"{', '.join(self.victims)}): a running request gives up only once it has preempted "
+                          "itself")
         if self.last_blocks is None:
-            self._whistle(f"returned {_short(result)} without a successful allocate_slots: return what "
-                          "allocate_slots returned")
+            self._whistle(f"returned {_short(result)} without a successful allocate_slots: the loop's answer "
+                          "is the blocks an allocation gave")
         if result is not self.last_blocks and result != self.last_blocks:
-            self._whistle(f"returned {_short(result)}: return the list allocate_slots returned")
+            self._whistle(f"returned {_short(result)}, not the blocks allocate_slots gave: the scheduler hands "
+                          "those to the worker")
 
 
 def _short(value) -> str:
