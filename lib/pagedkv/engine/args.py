@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from .._device import on_gpu
 from ..common import check_bool, check_int, check_real
 
-__all__ = ["EngineArgs", "KERNEL_BACKENDS", "CLI_FLAGS", "VLLM_GPU_CLASSES", "vllm_default_limits"]
+__all__ = ["EngineArgs", "KERNEL_BACKENDS", "KV_CACHE_DTYPES", "CLI_FLAGS", "VLLM_GPU_CLASSES",
+           "VLLM_SERVE_DEFAULTS", "vllm_default_limits"]
 
 GiB = 2**30
 
@@ -43,12 +44,42 @@ CLI_FLAGS: dict[str, str | None] = {
     "kernel_backend": None,
     "seed": "--seed",
     "log_stats_interval": None,
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "kv_cache_dtype": "--kv-cache-dtype",
+}
+
+#: ``--kv-cache-dtype`` values this library sizes (vLLM 0.33.0's ``CacheDType``
+#: has more: quantized and MLA formats).
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+#: What ``vllm serve`` 0.33.0 does for each field when no flag is given
+#: (``EngineArgs`` in ``engine/arg_utils.py``, resolved by the configs in
+#: ``config/``): ``to_cli(only_changed=True)`` leaves out a field equal to it.
+#: ``max_num_seqs`` and ``max_num_batched_tokens`` depend on the GPU class
+#: (``vllm_default_limits``); ``block_size`` None resolves to 16 on CUDA,
+#: the two ``enable_*`` None to True.
+VLLM_SERVE_DEFAULTS: dict[str, object] = {
+    "block_size": 16,
+    "num_gpu_blocks_override": None,
+    "gpu_memory_utilization": 0.92,
+    "max_model_len": None,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "scheduler_reserve_full_isl": True,
+    "watermark": 0.0,
+    "kv_cache_memory_bytes": None,
+    "prefix_match_unit": None,
+    "seed": 0,
+    "tensor_parallel_size": 1,
+    "kv_cache_dtype": "auto",
 }
 
 _NOTES = {
     "kernel_backend": "ours: vLLM picks an attention backend itself (--attention-backend)",
     "log_stats_interval": "ours, in steps: vLLM logs every VLLM_LOG_STATS_INTERVAL seconds",
     "kv_cache_memory_bytes": "None: profile on a GPU, 1 GiB on a CPU",
+    "tensor_parallel_size": "the pool is per rank: this engine runs one (1)",
+    "kv_cache_dtype": "auto: the model's dtype; others size the pool, this engine stores auto",
 }
 
 
@@ -135,6 +166,15 @@ class EngineArgs:
         seed: seeds torch before the engine runs anything.
         log_stats_interval: print a vLLM-like stats line every this many steps
             (0: never).
+        tensor_parallel_size: GPUs the model is split across. Each rank
+            holds 1/tp of the weights and of the KV heads and sizes its own
+            pool (``pagedkv.budget.plan``): every block count vLLM logs is
+            one rank's. For ``to_cli`` and sizing: ``LLMEngine`` runs one
+            rank and refuses more.
+        kv_cache_dtype: the KV cache's element type (``KV_CACHE_DTYPES``);
+            ``"auto"`` is the model's. fp8 halves a block's bytes, so the
+            same pool holds twice the blocks (``pagedkv.budget``).
+            ``LLMEngine`` stores KV in the model's dtype and refuses another.
     """
 
     block_size: int = 16
@@ -152,6 +192,8 @@ class EngineArgs:
     kernel_backend: str = "auto"
     seed: int = 0
     log_stats_interval: int = 0
+    tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_int(self.block_size, "EngineArgs.block_size", 1)
@@ -186,6 +228,13 @@ class EngineArgs:
                              f"got {self.kernel_backend!r}")
         check_int(self.seed, "EngineArgs.seed", 0)
         check_int(self.log_stats_interval, "EngineArgs.log_stats_interval", 0)
+        check_int(self.tensor_parallel_size, "EngineArgs.tensor_parallel_size", 1)
+        if not isinstance(self.kv_cache_dtype, str):
+            raise TypeError(f"EngineArgs.kv_cache_dtype must be a str, got "
+                            f"{type(self.kv_cache_dtype).__name__} {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"EngineArgs.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         # vLLM's scheduler-config checks (SchedulerConfig.verify_max_model_len).
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
@@ -247,19 +296,35 @@ class EngineArgs:
                             "backends on CUDA take only multiples of 16")
         return problems
 
-    def to_cli(self, model: str = "MODEL") -> str:
+    def vllm_defaults(self, gpu_class: str = "other") -> dict[str, object]:
+        """What ``vllm serve`` 0.33.0 uses for each flagged field when no flag is given, on ``gpu_class``."""
+        seqs, tokens = vllm_default_limits("serve", gpu_class)
+        return {**VLLM_SERVE_DEFAULTS, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+
+    def to_cli(self, model: str = "MODEL", only_changed: bool = False, gpu_class: str = "other") -> str:
         """The ``vllm serve`` command line for these args (fields left at None are omitted).
+
+        ``only_changed``: leave out every field equal to what ``vllm serve``
+        0.33.0 would use without the flag on a GPU of ``gpu_class`` (one of
+        ``VLLM_GPU_CLASSES``; :meth:`vllm_defaults`), so that the command
+        says only what one chose. The tensor-parallel size and the KV cache
+        dtype are left out at 1 and ``"auto"`` either way.
 
         Refuses (``ValueError``, naming the rule) args that vLLM 0.33.0 would
         refuse at startup; see :meth:`vllm_refusals`.
         """
+        check_bool(only_changed, "only_changed")
         problems = self.vllm_refusals()
         if problems:
             raise ValueError("vllm serve would refuse these args: " + "; ".join(problems))
+        defaults = self.vllm_defaults(gpu_class)
         parts = [f"vllm serve {model}"]
         for f in dataclasses.fields(self):
             flag, value = CLI_FLAGS[f.name], getattr(self, f.name)
             if flag is None or value is None:
+                continue
+            quiet = only_changed or f.name in ("tensor_parallel_size", "kv_cache_dtype")
+            if quiet and defaults[f.name] == value and type(defaults[f.name]) is type(value):
                 continue
             if isinstance(value, bool):
                 parts.append(flag if value else "--no-" + flag[2:])

@@ -59,7 +59,10 @@ class LLMEngine:
 
     Raises:
         ValueError: ``max_model_len`` beyond the model's context, or chapter
-            1's startup error when one ``max_model_len`` request cannot fit the pool.
+            1's startup error when one ``max_model_len`` request cannot fit the pool;
+            ``tensor_parallel_size`` other than 1 or a ``kv_cache_dtype`` other
+            than the model's (both size pools and go into ``to_cli``; this
+            engine runs one rank, in the model's dtype).
     """
 
     def __init__(self, args: EngineArgs | None, model, tokenizer=None, *,
@@ -71,6 +74,13 @@ class LLMEngine:
         for attr in ("config", "allocate_kv_cache", "forward", "compute_logits"):
             if not hasattr(model, attr):
                 raise TypeError(f"model must be a pagedkv.model.Model (it lacks .{attr}), got {type(model).__name__}")
+        if args.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={args.tensor_parallel_size}: this engine runs one rank; "
+                             "the field sizes pools (pagedkv.budget.plan) and goes into to_cli()")
+        if args.kv_cache_dtype not in ("auto", str(model.dtype).removeprefix("torch.")):
+            raise ValueError(f"kv_cache_dtype={args.kv_cache_dtype!r}: this engine stores KV in the model's "
+                             f"dtype ({str(model.dtype).removeprefix('torch.')}); the field sizes pools "
+                             "(pagedkv.budget) and goes into to_cli()")
         config = model.config
         max_model_len = args.max_model_len or config.max_position_embeddings
         if max_model_len > config.max_position_embeddings:
