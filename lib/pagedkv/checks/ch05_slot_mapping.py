@@ -44,9 +44,10 @@ from .kernel_probes import (GUARD_BLOCK_ID, count_triton_launches, guarded_rows,
                             skipped_triton_launches, traced_loads)
 from .slot_mistakes import SLOT_MISTAKES, diagnose_slots
 from ..common import cdiv
+from .ch05_tasks import check_both_kernels, check_slot_prediction  # noqa: E402 -- the prediction, both kernels
 
 __all__ = ["check_slot_mapping_numpy", "check_slot_mapping_kernel",
-           "check_kv_write_kernel"]
+           "check_kv_write_kernel", "check_slot_prediction", "check_both_kernels"]
 
 BLOCK_SIZES = (1, 8, 16, 32, 128)
 
@@ -96,11 +97,12 @@ KERNEL_SLOT_MISTAKES = [
     Mistake("the row offset", "row r starts at r * block_table.stride(0), "
             "the table's width, not r * block_size", _flat_row_model),
 ]
-READ_MISTAKE = Mistake("padding tokens read the table", "mask the table "
-                       "load with is_real (req >= 0): an unmasked load reads "
-                       "row -1, outside the table, even if tl.where discards it")
-LAUNCH_MISTAKE = Mistake("no kernel", "the exercise is the kernel: launch "
-                         "your @triton.jit function as kernel[grid](...)")
+READ_MISTAKE = Mistake("padding tokens read the table", "a padding token's "
+                       "row is -1: an unmasked table load reads outside the "
+                       "table, even if tl.where then discards the value")
+LAUNCH_MISTAKE = Mistake("no kernel", "the exercise is the kernel: the "
+                         "answer must come from a @triton.jit function's "
+                         "launch")
 
 
 def _run_slot_fn(fn, table, reqs, positions, block_size, what: str, launches=None,
@@ -157,7 +159,8 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
             _compare_slots(got, [30608], reqs, pos, 16, "the worked example", table)
 
         c.prop("the worked example: row 3, position 4096 -> slot 30,608", worked_example,
-               "load block_table[req * row_stride + pos // block_size]; slot = block * block_size + pos % block_size")
+               "row r starts r * row_stride cells into the table; a slot is its block's first slot plus the "
+               "offset in the block")
 
         def dtype_and_device():
             table, reqs, pos = _random_slot_case(g, 16)
@@ -168,7 +171,8 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
                 raise AssertionError(f"expected the result on {default_device()}, got {got.device}")
 
         c.prop("returns int64 slots on the table's device", dtype_and_device,
-               "allocate the output with torch.empty(n, dtype=torch.int64, device=block_table.device)")
+               "slots are int64 (they pass 2**31) and live where the table lives; torch.empty's defaults are "
+               "float32 on the CPU")
 
         def padding():
             table = torch.tensor([[7, 9], [4, 0]], dtype=torch.int32)
@@ -183,7 +187,7 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
                                   "the padding tokens' table reads", READ_MISTAKE.diagnosis())
 
         c.prop("padding tokens get slot -1 (and never read the table)", padding,
-               "is_real = req >= 0; mask the table load with it; tl.where(is_real, slot, -1)")
+               "a padding token (row -1) neither reads the table nor gets a real slot")
 
         def many_tokens():
             table, reqs, pos = _random_slot_case(g, 8, num_tokens=1000)
@@ -191,7 +195,8 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
             _compare_slots(got, _slot_oracle(table, reqs, pos, 8), reqs, pos, 8, "1,000 tokens", table)
 
         c.prop("1,000 tokens (not a multiple of any tile) are all mapped", many_tokens,
-               "grid = (triton.cdiv(num_tokens, TILE),) and mask offsets < num_tokens on every load and store")
+               "every token needs a lane of some program, and no lane past the last token may load or "
+               "store")
 
         def wide_slots():
             table = torch.tensor([[20_000_000, 3]], dtype=torch.int32)
@@ -200,7 +205,7 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
             _compare_slots(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, 128, "slots past 2**31", table)
 
         c.prop("slots past 2**31 do not overflow", wide_slots,
-               "the loaded block id is int32: .to(tl.int64) before multiplying by block_size")
+               "an int32 product wraps past 2**31: the block id must be int64 before it is multiplied")
 
         def randomized():
             for k in range(cases):
@@ -213,16 +218,16 @@ def check_slot_mapping_kernel(fn, cases: int = 25, seed: int = 0, timeout: float
                 _compare_slots(got, want, reqs, pos, bs, what, table)
 
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the reference", randomized,
-               "the row offset is req * block_table.stride(0)")
+               "a row offset built from anything but the table's row stride fails on tables of "
+               "other widths")
 
         c.prop("computes in a Triton kernel", lambda: _launched(launches, lambda: _slots_without_kernels(fn)),
-               "launch your @triton.jit function as kernel[grid](...)")
+               "the exercise is the kernel: every slot must come from a Triton launch")
     return c.report
 
 
 CHEAT_MISTAKE = Mistake("computed outside the kernel", "the kernel must "
-                        "produce the answer: the wrapper only allocates the "
-                        "output (torch.empty) and launches; every value "
+                        "produce the answer: every value the wrapper returns "
                         "comes from a tl.store")
 
 
@@ -295,17 +300,17 @@ def _run_kv_fn(fn, key, value, key_cache, value_cache, slots, what: str, launche
 
 
 KV_MISTAKES = [
-    Mistake("padding written", "slot -1 is padding: mask the stores with "
-            "slot >= 0, or row -1 lands in the memory before the cache"),
+    Mistake("padding written", "slot -1 is padding and writes nothing: an "
+            "unmasked store there lands in the memory before the cache"),
     Mistake("off by one slot", "token t goes to row slot_mapping[t] of the "
             "flattened cache, exactly"),
     Mistake("K and V swapped", "key goes to key_cache, value to value_cache"),
     Mistake("one head copied", "a token's row is num_kv_heads x head_dim "
             "elements wide: copy all of them"),
-    Mistake("the dtype converted", "store what you loaded: a round trip "
+    Mistake("the dtype converted", "a copy keeps every bit: a round trip "
             "through another type changes fp16/bf16 bits"),
-    Mistake("a cache never written", "store both: the key into key_cache "
-            "and the value into value_cache, at the same slot"),
+    Mistake("a cache never written", "each token's key and value both land "
+            "at its slot, in key_cache and value_cache"),
 ]
 
 
@@ -388,8 +393,8 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
         c.probe(probe)
         c.prop("fp32 tokens land at their slots; every other slot keeps its contents",
                lambda: _kv_property(fn, g, torch.float32, 16, what="fp32, block_size 16", launches=launches),
-               "one program per token: load its slot, then copy num_kv_heads * head_dim elements to row slot "
-               "of the flattened cache")
+               "viewed flat, token t is row t of key and slot s is row s of the cache, each "
+               "num_kv_heads * head_dim wide")
 
         def padding_only():
             key, value, kc, vc, slots = _random_kv_case(g, torch.float32, 4)
@@ -398,7 +403,7 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
             _compare_caches(got_k, got_v, kc, vc, slots, "a batch of padding only")
 
         c.prop("padding tokens (slot -1) write nothing", padding_only,
-               "mask every store with slot >= 0; a store to row -1 lands in the previous block's memory")
+               "a store at slot -1 lands in the memory just before the cache")
 
         def block_sizes():
             for bs in BLOCK_SIZES:
@@ -412,19 +417,19 @@ def check_kv_write_kernel(fn, seed: int = 0, timeout: float = 60.0) -> CheckRepo
                 _kv_property(fn, g, dtype, 8, what=str(dtype).replace("torch.", ""), launches=launches)
 
         c.prop("fp16 and bf16 are copied bit for bit", half_types,
-               "copy without converting: store what you loaded, in the cache's dtype")
+               "a copy moves bytes: nothing on the way may convert them")
 
         c.prop("a token width that is not a power of two (3 heads x 5 dims)",
                lambda: _kv_property(fn, g, torch.float32, 8, heads=3, head_dim=5, what="3 heads x 5 dims",
                                     launches=launches),
-               "tl.arange needs a power of two: use triton.next_power_of_2(width) and mask cols < width")
+               "tl.arange needs a power of two, and the lanes past the width must not touch memory")
 
         c.prop("many tokens (200) in one call",
                lambda: _kv_property(fn, g, torch.float32, 16, tokens=200, what="200 tokens", launches=launches),
-               "launch one program per token: grid = (num_tokens,)")
+               "every token needs a program of its own")
 
         c.prop("computes in a Triton kernel", lambda: _launched(launches, lambda: _kv_without_kernels(fn)),
-               "launch your @triton.jit function as kernel[grid](...)")
+               "the exercise is the kernel: every write must come from a Triton launch")
     return c.report
 
 
@@ -527,7 +532,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
                 raise AssertionError(f"expected shape ({len(reqs)},), got {got.shape}")
 
         c.prop("returns an int64 numpy array with one slot per token", returns_int64,
-               "build the result with numpy operations, then .astype(np.int64)")
+               "the answer is an int64 numpy array, one slot per token")
 
         def padding():
             table = np.array([[7, 9], [4, 0]], dtype=np.int32)
@@ -538,8 +543,8 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
                      only={0, 2, 4})
 
         c.prop("padding tokens (req_indices == -1) get slot -1", padding,
-               "compute every token, then np.where(req_indices == -1, -1, slots); index row 0 for padding so "
-               "nothing reads out of range")
+               "row -1 is a valid numpy index (the last row): a padding token must not be looked up "
+               "there, and its slot is -1")
 
         def wide_slots():
             table = np.array([[20_000_000, 3]], dtype=np.int32)
@@ -548,7 +553,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
             _compare_numpy(got, [20_000_000 * 128 + 5, 3 * 128 + 2], reqs, pos, "slots past 2**31", table, 128)
 
         c.prop("slots past 2**31 do not overflow", wide_slots,
-               "block ids are int32 but block_id * block_size need not fit: cast to int64 before multiplying")
+               "block ids are int32, and block_id * block_size need not fit in 32 bits")
 
         def randomized():
             for k in range(cases):
@@ -563,7 +568,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
                 _compare_numpy(got, want, reqs, pos, what, table, bs)
 
         c.prop(f"{cases} random tables at block sizes 1, 8, 16, 32, 128 match the library", randomized,
-               "index the table with two arrays at once: block_table[req_indices, positions // block_size]")
+               "the message names the case and the first token that differs")
 
         def leaves_inputs_alone():
             table, reqs, pos = random_table_case(rng, 8)
@@ -574,7 +579,7 @@ def check_slot_mapping_numpy(fn, cases: int = 60, seed: int = 0) -> CheckReport:
                     raise AssertionError(f"{name} was modified")
 
         c.prop("the block table and the inputs are left unchanged", leaves_inputs_alone,
-               "replace -1 with 0 in a copy (np.where), not in req_indices itself")
+               "the inputs belong to the caller: nothing in them may change")
     return c.report
 
 

@@ -41,11 +41,11 @@ def _model(table, reqs, positions, block_size, *, column=None, slot=None,
 
 SLOT_MISTAKES = [
     Mistake("int32 wrap", "block ids are int32 and block_id x block_size "
-            "passes 2**31: widen to int64 before multiplying",
+            "passes 2**31: an int32 product wraps to a negative slot",
             lambda *a: _model(*a, wrap=True)),
     Mistake("padding looked up in row -1", "a padding token's row is -1: "
-            "looking it up reads outside the table (in PyTorch, the last "
-            "row); mask padding tokens and give them slot -1",
+            "looking it up reads outside the table (in numpy and PyTorch, "
+            "the last row), and its slot must be -1",
             lambda *a: _model(*a, padding=lambda s: s)),
     Mistake("padding given 0", "a padding token's slot is -1, so the KV "
             "write skips it; 0 is a real slot, block 0's first",
@@ -57,10 +57,10 @@ SLOT_MISTAKES = [
             "and the offset p % block_size",
             lambda *a: _model(*a, column=lambda p, B: p % B,
                               slot=lambda b, p, B, w: b * B + p // B)),
-    Mistake("offset forgotten", "add p % block_size: the token's place "
-            "inside its block", lambda *a: _model(*a, slot=lambda b, p, B, w: b * B)),
-    Mistake("block id not scaled", "slot = block x block_size + offset: "
-            "a block holds block_size slots",
+    Mistake("offset forgotten", "a block holds block_size slots, and the "
+            "token's place inside it counts too", lambda *a: _model(*a, slot=lambda b, p, B, w: b * B)),
+    Mistake("block id not scaled", "a block holds block_size slots: block "
+            "b's first slot is not b",
             lambda *a: _model(*a, slot=lambda b, p, B, w: b + p % B)),
     Mistake("scaled by the table width", "multiply the block id by "
             "block_size, not by the number of columns",
