@@ -50,6 +50,16 @@ EXCEPTIONS = {
                                                                    "interpreter loads (restored on exit)",
     ("kernel_probes.py", "InterpreterBuilder.create_masked_store"): "records the addresses Triton's "
                                                                     "interpreter stores (restored on exit)",
+    ("interpreter_probes.py", "cls.run"): "sees each Triton launch's tensors (a third-party class, "
+                                          "restored on exit)",
+    ("interpreter_probes.py", "builder.create_masked_load"): "bounds or follows what Triton's "
+                                                             "interpreter loads (restored on exit)",
+    ("interpreter_probes.py", "builder.create_masked_store"): "bounds what Triton's interpreter "
+                                                              "stores (restored on exit)",
+    ("interpreter_probes.py", "builder.create_dot"): "records the shapes of Triton's interpreted "
+                                                     "tl.dot (restored on exit)",
+    ("interpreter_probes.py", "out.attr"): "marks a value of Triton's interpreter as loaded from an "
+                                           "index tensor (the handle's own attribute dict)",
 }
 
 

@@ -15,7 +15,8 @@ interpreter; the machinery is ``puzzle_harness``).
 from __future__ import annotations
 
 from ._harness import CheckReport, catalogue
-from .puzzle_harness import CHEAT_MISTAKE, LAUNCH_MISTAKE, Puzzle, check_puzzle, trace_report
+from .puzzle_harness import (CHEAT_MISTAKE, COPIED_MISTAKE, INT32_INDEX_MISTAKE, LAUNCH_MISTAKE,
+                             SMALL_DOT_MISTAKE, UNMASKED_MISTAKE, Puzzle, check_puzzle, trace_report)
 # Names from the puzzle modules, not the modules through the package (``from . import``
 # would read pagedkv.checks while its __init__ is still importing this one).
 # The references, importable from the ladder as the notebook's text names them.
@@ -80,7 +81,7 @@ MISTAKES = {**FIRST_MISTAKES, **PAGED_MISTAKES}
 
 
 def print_puzzle_mistakes(width: int = 79) -> None:
-    """Print, puzzle by puzzle, the mistakes its check names (and, for all, two more)."""
+    """Print, puzzle by puzzle, the mistakes its check names (and those every puzzle's names)."""
     import textwrap
 
     for n, mistakes in MISTAKES.items():
@@ -88,8 +89,12 @@ def print_puzzle_mistakes(width: int = 79) -> None:
         for m in mistakes:
             print(textwrap.fill(m.diagnosis(), width, initial_indent="- ", subsequent_indent="  "))
     print("every puzzle:")
-    for m in (LAUNCH_MISTAKE, CHEAT_MISTAKE):
+    for m in EVERY_PUZZLE:
         print(textwrap.fill(m.diagnosis(), width, initial_indent="- ", subsequent_indent="  "))
 
 
-catalogue(check_kernel_puzzle, *MISTAKES.values(), [LAUNCH_MISTAKE, CHEAT_MISTAKE])
+#: The mistakes any puzzle's check can name.
+EVERY_PUZZLE = [UNMASKED_MISTAKE, SMALL_DOT_MISTAKE, INT32_INDEX_MISTAKE, LAUNCH_MISTAKE, CHEAT_MISTAKE,
+                COPIED_MISTAKE]
+
+catalogue(check_kernel_puzzle, *MISTAKES.values(), EVERY_PUZZLE)

@@ -318,8 +318,7 @@ def _copy_like():
              torch.Tensor.long, torch.Tensor.int, torch.Tensor.type, torch.Tensor.cuda,
              torch.Tensor.cpu, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten,
              torch.flatten, torch.Tensor.__setitem__, torch.Tensor.copy_, F.pad]
-    pad = getattr(torch._C._nn, "pad", None)
-    return tuple(funcs + ([pad] if pad is not None else []))
+    return tuple(funcs)
 
 
 def _storage(t) -> int | None:
