@@ -259,3 +259,20 @@ def test_diagnoses_name_the_invariant_not_the_line():
                                                     ch07.PADDING_MISTAKE, ch07.BF16_MISTAKE]:
         for code in ("tl.", "mask=", "other=", ".to(", " < seq_len"):
             assert code not in mistake.fix, (mistake.name, code)
+
+
+def test_hint_3_is_a_partial_skeleton_never_the_body():
+    import json
+
+    exercise = SOLUTION.parents[1] / "exercises" / "07_paged_attention.ipynb"
+    cells = [("".join(c["source"])) for c in json.loads(exercise.read_text())["cells"]]
+    hints = next(c for c in cells if c.startswith("<details>"))
+    assert "Hint 1 (a nudge" in hints and "Hint 2 (a pointer)" in hints
+    skeleton = hints.split("Hint 3 (a partial skeleton)")[1].split("```python\n")[1].split("```")[0]
+    assert "..." in skeleton
+    solution = next("".join(c["source"]) for c in json.loads(SOLUTION.read_text())["cells"]
+                    if "def decode_kernel(" in "".join(c["source"]))
+    body = solution.split("def decode_attention(")[0].split("TILE: tl.constexpr):")[1]  # the kernel's body
+    kernel = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    given = {ln.strip() for ln in skeleton.splitlines()}
+    assert sum(ln in given for ln in kernel) <= len(kernel) // 2, [ln for ln in kernel if ln in given]

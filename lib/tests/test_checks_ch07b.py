@@ -588,3 +588,30 @@ def test_the_grid_prediction_grades_names_and_draws(capsys):
     assert "expected a dict {(request, split): [block ids]}" in report.results[0].detail
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 79
+
+
+# ------------------------------------------------------------ hints and diagnoses that teach (issue 36 §5)
+
+CODE = ("tl.where", "tl.exp", "tl.log", "tl.load", "tl.store", "tl.maximum", "tl.zeros", "tl.arange",
+        "mask=", "other=", ".to(", "m_safe")
+
+
+def test_diagnoses_name_the_invariant_not_the_line():
+    for n, mistakes in list(puzzles.MISTAKES.items()) + [("every", puzzles.EVERY_PUZZLE)]:
+        for m in mistakes:
+            assert not [c for c in CODE if c in m.fix], (n, m.name, m.fix)
+
+
+def test_hints_come_in_three_levels_and_the_skeleton_is_never_the_body():
+    cells = json.loads(EXERCISE.read_text())["cells"]
+    hints = ["".join(c["source"]) for c in cells if "".join(c["source"]).startswith("<details>\n<summary>Hint 1")]
+    assert len(hints) == 12  # the eleven puzzles and the prediction
+    for n, text in enumerate(hints[:7] + hints[8:], start=1):  # hints[7] is the prediction's
+        assert "Hint 1 (a nudge)" in text and "Hint 2 (a pointer)" in text, n
+        assert "Hint 3 (a partial skeleton)" in text, n
+        skeleton = text.split("Hint 3 (a partial skeleton)")[1].split("```python\n")[1].split("```")[0]
+        assert "..." in skeleton, n  # something is always left to write
+        body = _source(SOLUTION, n).split("def ")[1]  # the kernel's own lines
+        kernel = [ln.strip() for ln in body.splitlines()[1:] if ln.strip() and not ln.strip().startswith("#")]
+        given = [ln.strip() for ln in skeleton.splitlines()]
+        assert sum(ln in given for ln in kernel) <= len(kernel) // 2, n
