@@ -615,3 +615,22 @@ def test_hints_come_in_three_levels_and_the_skeleton_is_never_the_body():
         kernel = [ln.strip() for ln in body.splitlines()[1:] if ln.strip() and not ln.strip().startswith("#")]
         given = [ln.strip() for ln in skeleton.splitlines()]
         assert sum(ln in given for ln in kernel) <= len(kernel) // 2, n
+
+
+def test_with_the_probes_as_compiled_the_solutions_pass_and_the_grid_and_dtypes_still_tell(monkeypatch):
+    # On a GPU nothing is traced: the checks fall back on the values, the launch's grid
+    # (puzzle 6) and the dtypes handed over (puzzle 10). Rehearsed here with the probes told
+    # they run compiled (the kernels still run in the interpreter).
+    from pagedkv.checks import interpreter_probes, kernel_probes, puzzle_harness, puzzle_rules
+
+    for module in (kernel_probes, interpreter_probes, puzzle_harness, puzzle_rules):
+        monkeypatch.setattr(module, "interpreted", lambda: False)
+    for n in puzzles.PUZZLES:
+        assert checks.check_kernel_puzzle(n, solution(n)), n
+    per_query_head = variant(6, ("kv_head = tl.program_id(1)", "qh = tl.program_id(1)\n    kv_head = qh // GROUP"),
+                             ("head = kv_head * GROUP + g", "head = qh + g"), ("g_ok = g < GROUP", "g_ok = g < 1"),
+                             ("[(num_reqs, num_kv_heads)]", "[(num_reqs, num_heads)]"))
+    assert "27 programs for 3 requests x 3 KV heads" in failures(checks.check_kernel_puzzle(6, per_query_head))[READS_ONCE]
+    narrowed = failures(checks.check_kernel_puzzle(10, variant(10, ("dtype=torch.int64)", "dtype=torch.int32)"))))
+    assert "the kernel is handed block_pairs as int32" in narrowed[INT64]
+    assert "still answers the old ones" in failures(checks.check_kernel_puzzle(5, _copy_cheat(5)))[IN_A_KERNEL]
