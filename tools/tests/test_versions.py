@@ -1,0 +1,228 @@
+"""The version matrix check on fake wheels (offline), then against the real ones when they are cached.
+
+The last tests read vLLM 0.33.0's own sources from its wheel: every flag
+``EngineArgs.to_cli`` emits is one ``engine/arg_utils.py`` registers, and
+every metric ``pagedkv.engine.metrics`` exposes is registered under that name
+and type in ``v1/metrics/loggers.py``. Without a cached wheel they are
+skipped, except under ``CI=true`` (where the wheel is downloaded or the test
+fails), like the citation check.
+"""
+
+import ast
+import copy
+import json
+import os
+import re
+import zipfile
+
+import pytest
+
+from tools import citations, versions
+
+OLD = "\n".join([
+    "def free_blocks(self, blocks):",               # 1
+    "    for b in blocks:",                         # 2
+    "        b.ref_cnt -= 1",                       # 3
+    "    self.queue.append_n(blocks)",              # 4
+    "gpu_memory_utilization: float = 0.9",          # 5
+])
+NEW = "\n".join([
+    "def free_blocks(self, blocks):",               # 1
+    "    self.queue.prepend_n(blocks_without_hash)", # 2
+    "    self.queue.append_n(blocks_with_hash)",    # 3
+    "gpu_memory_utilization: float = 0.92",         # 4
+])
+
+
+def fake_wheel(path, version, source):
+    name = path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(name, "w") as z:
+        z.writestr("vllm/v1/core/block_pool.py", source)
+    return name
+
+
+def matrix(**change):
+    m = {"platforms": {"0.1.0": "p", "0.2.0": "p", "0.3.0": "p"},
+         "pypi_order": ["0.1.0", "0.2.0", "0.2.1", "0.3.0"],
+         "rows": [{"claim": "unhashed blocks to the head", "cells": [
+             {"release": "0.1.0", "value": "no", "path": "v1/core/block_pool.py", "first": 1, "last": 4,
+              "name": "free_blocks", "evidence": "self.queue.append_n(blocks)", "absent": "prepend_n"},
+             {"release": "0.2.0", "value": "yes", "path": "v1/core/block_pool.py", "first": 1, "last": 3,
+              "name": "free_blocks", "evidence": "self.queue.prepend_n(blocks_without_hash)"}]},
+             {"claim": "utilization", "cells": [
+                 {"release": "0.1.0", "value": "0.9", "path": "v1/core/block_pool.py", "first": 5, "last": 5,
+                  "name": "gpu_memory_utilization", "evidence": "float = 0.9"},
+                 {"release": "0.3.0", "value": "0.92", "path": "v1/core/block_pool.py", "first": 4, "last": 4,
+                  "name": "gpu_memory_utilization", "evidence": "float = 0.92"}]}]}
+    m.update(change)
+    return m
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    return {"0.1.0": citations.Wheel(fake_wheel(tmp_path, "0.1.0", OLD)),
+            "0.2.0": citations.Wheel(fake_wheel(tmp_path, "0.2.0", NEW)),
+            "0.3.0": citations.Wheel(fake_wheel(tmp_path, "0.3.0", NEW))}
+
+
+def test_a_matrix_that_holds_has_no_problems(wheels):
+    assert versions.check_matrix(matrix(), wheels) == []
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda m: m["rows"][0]["cells"][0].update(first=9, last=9), "has 5 lines"),
+    (lambda m: m["rows"][0]["cells"][1].update(name="touch"), "`touch` not in lines 1-3"),
+    (lambda m: m["rows"][1]["cells"][0].update(evidence="float = 0.95"), "`float = 0.95` is not in lines 5-5"),
+    # "0.9" must not match "0.92": the evidence is whole code.
+    (lambda m: m["rows"][1]["cells"][1].update(evidence="float = 0.9"), "`float = 0.9` is not in lines 4-4"),
+    (lambda m: m["rows"][0]["cells"][1].update(absent="append_n"), "'append_n' is in"),
+    (lambda m: m["rows"][0]["cells"][1].update(path="v1/core/kv_cache_utils.py"), "is not a file"),
+    (lambda m: m["rows"][0]["cells"].reverse(), "not oldest first"),
+    (lambda m: m["rows"][0]["cells"][1].update(release="0.9.0"), "not in pypi_order"),
+    (lambda m: m["platforms"].pop("0.2.0"), "no platform tag"),
+])
+def test_each_wrong_cell_is_named(wheels, edit, words):
+    m = copy.deepcopy(matrix())
+    edit(m)
+    problems = versions.check_matrix(m, wheels)
+    assert any(words in p for p in problems), problems
+
+
+def test_changed_in_names_the_release_or_the_two_around_it():
+    from pagedkv.views.operator import changed_in, version_table
+
+    m = matrix()
+    assert changed_in(m["rows"][0], m["pypi_order"]) == "0.2.0"  # consecutive releases
+    assert changed_in(m["rows"][1], m["pypi_order"]) == "between 0.1.0 and 0.3.0"  # 0.2.x not read
+    same = {"cells": [dict(m["rows"][0]["cells"][1], release="0.2.0"), dict(m["rows"][0]["cells"][1], release="0.3.0")]}
+    assert changed_in(same, m["pypi_order"]) == "-"
+    html = version_table(m)
+    assert "https://github.com/vllm-project/vllm/blob/v0.1.0/vllm/v1/core/block_pool.py#L1-L4" in html
+    assert "https://github.com/vllm-project/vllm/blob/v0.3.0/vllm/v1/core/block_pool.py#L4'" in html
+
+
+def test_main_skips_offline_and_fails_under_ci(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(matrix()))
+    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path / "empty"))
+    monkeypatch.delenv("CI", raising=False)
+    assert versions.run_check(tmp_path, path, download=False) == 0
+    assert "skipped" in capsys.readouterr().err
+    monkeypatch.setenv("CI", "true")
+    assert versions.run_check(tmp_path, path, download=False) == 1
+    assert "may not be skipped" in capsys.readouterr().err
+
+
+def test_main_checks_cached_wheels(tmp_path, wheels, monkeypatch, capsys):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(matrix()))
+    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
+    monkeypatch.delenv("CI", raising=False)
+    assert versions.run_check(tmp_path, path, download=False) == 0
+    assert "2 claims, 4 cells, 4 checked against 3 wheels" in capsys.readouterr().out
+    bad = matrix()
+    bad["rows"][0]["cells"][0]["absent"] = "append_n"
+    path.write_text(json.dumps(bad))
+    assert versions.run_check(tmp_path, path, download=False) == 1
+
+
+# ------------------------------------------------- the real wheels
+
+def _real(version: str):
+    """A release's wheel from the cache; under CI=true downloaded, or the test fails."""
+    platform = versions.load_matrix()["platforms"].get(version)
+    ci = os.environ.get("CI", "").lower() in ("true", "1")
+    found = versions.open_wheel(version, platform, download=ci)
+    if isinstance(found, str):
+        if ci:
+            pytest.fail(found)
+        pytest.skip(found)
+    return found
+
+
+def test_the_books_matrix_holds_against_every_release_it_reads():
+    m = versions.load_matrix()
+    wheels = {v: _real(v) for v in versions.releases_of(m)}
+    assert versions.check_matrix(m, wheels) == []
+    assert len(wheels) >= 4  # at least three releases before 0.33.0
+    for row in m["rows"]:
+        assert len(row["cells"]) >= 2 and row["cells"][-1]["release"] == citations.VLLM.version
+
+
+def _registered_flags(source: str) -> tuple[set[str], set[str]]:
+    """Every "--flag" given to add_argument in arg_utils.py, and the EngineArgs fields typed bool."""
+    tree = ast.parse(source)
+    flags = {a.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "attr", None) == "add_argument"
+             for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    booleans = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and re.search(r"\bbool\b", ast.unparse(item.annotation)):
+                    booleans.add(item.target.id)
+    return flags, booleans
+
+
+def test_every_flag_to_cli_emits_exists_in_vllm_0_33_0():
+    from pagedkv.engine import EngineArgs
+
+    source = "\n".join(_real(citations.VLLM.version).lines("engine/arg_utils.py"))
+    flags, booleans = _registered_flags(source)
+    assert "--tensor-parallel-size" in flags and "--kv-cache-dtype" in flags and "enable_prefix_caching" in booleans
+    commands = [
+        EngineArgs(tensor_parallel_size=4, kv_cache_dtype="fp8", gpu_memory_utilization=0.9,
+                   max_model_len=32_768).to_cli("m", only_changed=True, gpu_class="H100/H200"),
+        EngineArgs(num_gpu_blocks_override=2048, max_model_len=32_768, enable_prefix_caching=False,
+                   enable_chunked_prefill=False, max_num_batched_tokens=32_768, scheduler_reserve_full_isl=False,
+                   watermark=0.01, kv_cache_memory_bytes=2**30, seed=3, tensor_parallel_size=2,
+                   kv_cache_dtype="fp8_e5m2").to_cli("m"),
+    ]
+    for command in commands:
+        for flag in re.findall(r"(--[a-z0-9-]+)", command):
+            if flag.startswith("--no-"):
+                positive = "--" + flag[5:]
+                assert positive in flags and flag[5:].replace("-", "_") in booleans, flag
+            else:
+                assert flag in flags, flag
+    # Every kv_cache_dtype we accept is one of vLLM's CacheDType values.
+    from pagedkv.engine.args import KV_CACHE_DTYPES
+
+    cache = "\n".join(_real(citations.VLLM.version).lines("config/cache.py"))
+    literal = re.search(r"CacheDType = Literal\[(.*?)\]", cache, re.S).group(1)
+    assert set(KV_CACHE_DTYPES) <= set(re.findall(r'"([^"]+)"', literal))
+
+
+def test_every_metric_is_registered_under_its_name_and_type_in_vllm_0_33_0():
+    from pagedkv.engine.metrics import KV_CACHE_RESIDENCY_BUCKETS, VLLM_METRICS
+
+    source = "\n".join(_real(citations.VLLM.version).lines("v1/metrics/loggers.py"))
+    kinds = {m.group(2): m.group(1) for m in re.finditer(
+        r"self\._(gauge|counter|histogram)_cls\(\s*name=\"(vllm:[a-z_]+)\"", source)}
+    for name, kind in VLLM_METRICS:
+        assert kinds.get(name) == kind, name
+    assert re.search(r'labelnames = \["model_name", "engine"\]', source)
+    buckets = "\n".join(_real(citations.VLLM.version).lines("v1/metrics/buckets.py"))
+    body = re.search(r"KV_CACHE_RESIDENCY_BUCKETS: tuple\[float, \.\.\.\] = \((.*?)\)", buckets, re.S).group(1)
+    assert tuple(float(x) for x in re.findall(r"[\d.]+", body)) == tuple(map(float, KV_CACHE_RESIDENCY_BUCKETS))
+
+
+def test_the_startup_log_lines_read_are_vllms_words():
+    from pagedkv import budget
+
+    w = _real(citations.VLLM.version)
+    runner = "\n".join(w.lines("v1/worker/gpu_model_runner.py"))
+    assert "Model loading took %s GiB memory and %.6f seconds" in runner
+    worker = "\n".join(w.lines("v1/worker/gpu_worker.py"))
+    assert "Available KV cache memory: %s GiB" in worker and "logger.debug(profile_result)" in worker
+    assert "Actual usage is {format_gib(self.total_consumed)} " in worker
+    assert "GiB for consumed memory (weights + non-torch), " in worker
+    mem = "\n".join(w.lines("utils/mem_utils.py"))
+    assert 'f"Total non KV cache memory: "' in mem
+    utils = "\n".join(w.lines("v1/core/kv_cache_utils.py"))
+    assert '"%s KV cache size: %s tokens, "' in utils
+    assert '"Maximum concurrency for %s tokens per request: %.2fx"' in utils
+    # And the reader parses the lines our arithmetic prints in those words.
+    p = budget.plan(model="Llama-3.1-70B", tensor_parallel_size=4, gpu_memory_utilization=0.9, request_len=2_500)
+    log = budget.read_startup_log("\n".join(budget.server_log_lines(p)))
+    assert log.available_kv_gib == round(p.pool_bytes / budget.GiB, 2) and log.kv_cache_tokens == p.token_slots
