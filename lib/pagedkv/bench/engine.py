@@ -254,10 +254,6 @@ def experiment_2048_blocks_on_gpu(say=print) -> dict | None:
     torch.cuda.empty_cache()
     return result
 
-# The old name, which chapter 8's GPU cell still imports; it goes when the cell
-# imports experiment_2048_blocks_on_gpu.
-seed_experiment_on_gpu = experiment_2048_blocks_on_gpu
-
 
 def view_cost(model: Model, args: EngineArgs, prompt_len: int, max_tokens: int, batch: int, say=print) -> dict:
     """A live view's cost: the time its redraws took as a fraction of the run, and step times with and without."""
