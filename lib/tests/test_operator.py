@@ -28,11 +28,17 @@ def test_the_readers_line_is_memory_bound():
     (line(9, 3, 0.99, preemptions=2), None, ["preempting"]),
     (line(4, 7, 0.31), None, ["queue-bound"]),
     (line(4, 9, 0.31), line(8, 5, 0.70), ["draining"]),
-    (line(8, 0, 0.40, hit=0.2), None, ["low hit rate"]),
-    (line(8, 0, 0.40, hit=0.8), None, []),
 ])
 def test_each_row_of_the_table_from_lines_our_engine_prints(now, before, want):
     assert diagnose(now, before) == want
+
+
+def test_a_low_hit_rate_counts_only_where_requests_share_a_prefix():
+    low, high = line(8, 0, 0.40, hit=0.2), line(8, 0, 0.40, hit=0.8)
+    assert diagnose(low) == [] and diagnose(low, shared_prefix=True) == ["low hit rate"]
+    assert diagnose(high, shared_prefix=True) == []
+    from pagedkv.views.operator import without_clock
+    assert "... tokens/s" in without_clock(low) and "1.0 tokens/s" not in without_clock(low)
 
 
 def test_startup_refusals_are_named_from_vllms_words():

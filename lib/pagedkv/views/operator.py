@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Symptom", "SYMPTOMS", "LogLine", "read_log_line", "diagnose", "refusal", "symptom_table",
-           "HIGH_USAGE", "LOW_HIT_RATE", "release_link", "changed_in", "version_table"]
+           "HIGH_USAGE", "LOW_HIT_RATE", "without_clock", "release_link", "changed_in", "version_table"]
 
 #: KV cache usage (percent, as the line prints it) from which the pool counts as full.
 HIGH_USAGE = 90.0
@@ -75,8 +75,8 @@ SYMPTOMS: dict[str, Symptom] = {s.key: s for s in [
             "KV cache usage falls while the queue grows",
             "the request at the head of the queue needs more free blocks than the pool has; first come, "
             "first served, so everyone behind it waits while the running requests finish",
-            "more KV memory, a lower --max-model-len for this traffic (shorter prompts are refused instead), "
-            "or a separate instance for long prompts",
+            "more KV memory; or a separate instance for long prompts (a lower --max-model-len there "
+            "refuses the longest instead of queueing them)",
             "vllm:kv_cache_usage_perc falls and vllm:num_requests_waiting rises in the same interval"),
     Symptom("refused: max_model_len",
             "at startup: 'To serve at least one request with the model's max seq len (L), (X GiB KV cache "
@@ -136,13 +136,13 @@ def read_log_line(line: str) -> LogLine:
 
 
 def diagnose(line: str, previous: str | None = None, high: float = HIGH_USAGE,
-             low_hit_rate: float = LOW_HIT_RATE) -> list[str]:
+             shared_prefix: bool = False, low_hit_rate: float = LOW_HIT_RATE) -> list[str]:
     """The ``SYMPTOMS`` keys that a periodic log line shows (empty: healthy).
 
     ``previous``: the line before it, which ``"draining"`` needs (usage lower,
-    queue longer). ``"low hit rate"`` applies only when the line reports a
-    hit rate (prefix caching on) below ``low_hit_rate`` percent; whether the
-    requests share a prefix the line cannot say.
+    queue longer). ``"low hit rate"`` applies only when the requests share a
+    prefix (``shared_prefix``: the line cannot say) and the line reports a hit
+    rate below ``low_hit_rate`` percent.
     """
     now = read_log_line(line)
     keys = []
@@ -156,7 +156,7 @@ def diagnose(line: str, previous: str | None = None, high: float = HIGH_USAGE,
             keys.append("draining")
     if now.waiting and now.usage < high and "draining" not in keys:
         keys.append("queue-bound")
-    if now.hit_rate is not None and now.hit_rate < low_hit_rate:
+    if shared_prefix and now.hit_rate is not None and now.hit_rate < low_hit_rate:
         keys.append("low hit rate")
     return keys
 
@@ -167,6 +167,11 @@ _REFUSALS = [
     ("refused: context", "is greater than the derived max_model_len"),
     ("refused: free memory", "is less than desired GPU memory utilization"),
 ]
+
+
+def without_clock(line: str) -> str:
+    """A log line with its throughputs blanked (they depend on the machine and the clock)."""
+    return re.sub(r"[\d.]+ tokens/s", "... tokens/s", line)
 
 
 def refusal(message: str) -> str | None:
