@@ -27,7 +27,7 @@ def test_the_chapters_live_views_are_found():
     ch3 = json.loads((REPO / "chapters/03_block_pool.ipynb").read_text())
     ch4 = json.loads((REPO / "chapters/04_block_table.ipynb").read_text())
     assert live_cells(ch3) == [LiveCell(5, "BlockPoolView", "view")]
-    assert live_cells(ch4) == [LiveCell(8, "BlockTableView", "view")]
+    assert live_cells(ch4) == [LiveCell(10, "BlockTableView", "view")]
 
 
 def test_only_tagged_code_cells_that_build_a_view_are_live():

@@ -47,9 +47,9 @@ def _builder():
 
 
 def _launch_classes():
-    from .kernel_probes import _kernel_classes
+    from .kernel_probes import kernel_classes
 
-    return _kernel_classes()
+    return kernel_classes()
 
 
 def _tensors_in(values) -> list[torch.Tensor]:

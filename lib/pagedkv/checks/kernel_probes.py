@@ -69,7 +69,7 @@ class LaunchCount:
     grids: list = field(default_factory=list)
 
 
-def _kernel_classes():
+def kernel_classes():
     from triton.runtime.jit import JITFunction
 
     classes = [JITFunction]
@@ -83,7 +83,7 @@ def _kernel_classes():
 @contextmanager
 def _patched_launches(counter: LaunchCount, skip: bool):
     originals = {}
-    for cls in _kernel_classes():
+    for cls in kernel_classes():
         original = cls.__dict__.get("run")
         if original is None:
             continue
@@ -385,7 +385,7 @@ def inputs_changed_at_launch(changes, handed=()):
     copies = _Copies([t for t, _ in changes] + list(handed))
     counter = LaunchCount()
     originals = {}
-    for cls in _kernel_classes():
+    for cls in kernel_classes():
         original = cls.__dict__.get("run")
         if original is None:
             continue

@@ -255,7 +255,7 @@ def _region(t: torch.Tensor, rows_before: int = 0, rows_after: int = 0):
     return t.data_ptr() - rows_before * row, t.data_ptr() + t.numel() * size + rows_after * row, size
 
 
-def _elements(addresses: np.ndarray, t: torch.Tensor, guards: int = 0) -> np.ndarray:
+def elements(addresses: np.ndarray, t: torch.Tensor, guards: int = 0) -> np.ndarray:
     """Flat element indices (guard rows negative or past numel) of the addresses on ``t``."""
     start, end, size = _region(t, guards, guards)
     a = addresses[(addresses >= start) & (addresses < end)]
@@ -270,7 +270,7 @@ def forbidden_reads(run: Run, case: Case, guards: int = 1) -> tuple[str, np.ndar
         return None
     addresses = np.concatenate(loads)
     for name, t in _named_tensors(run.args).items():
-        idx = np.unique(_elements(addresses, t, guards=guards))
+        idx = np.unique(elements(addresses, t, guards=guards))
         mask = case.may_read.get(name)
         allowed = np.ones(t.numel(), dtype=bool) if mask is None else mask.reshape(-1).numpy()
         inside = (idx >= 0) & (idx < t.numel())
@@ -299,7 +299,7 @@ def bytes_moved(run: Run, data: tuple, kind: str | None = None) -> dict:
         if kind is not None and a.kind != kind:
             continue
         for name, t in tensors.items():
-            moved[name] += int(np.unique(_elements(a.addresses, t)).size) * t.element_size()
+            moved[name] += int(np.unique(elements(a.addresses, t)).size) * t.element_size()
     return moved
 
 
@@ -576,7 +576,7 @@ def access_grid(run: Run, case: Case, name: str, units: int, group: int, what: s
         for a in run.accesses:
             if a.program != p:
                 continue
-            idx = _elements(a.addresses, t)
+            idx = elements(a.addresses, t)
             idx = idx[(idx >= 0) & (idx < t.numel())] // per_unit
             (read if a.kind == "load" else wrote)[idx] = True
         cells = []

@@ -25,7 +25,7 @@ import torch
 
 from ._harness import Mistake, WrongAnswer
 from .kernel_probes import interpreted
-from .puzzle_harness import Case, Puzzle, _elements, bytes_moved, run_case
+from .puzzle_harness import Case, Puzzle, elements, bytes_moved, run_case
 
 __all__ = ["ONE_PER_QUERY_HEAD", "KV_READ_TWICE", "reads_kv_once", "CAUSAL_LOOP",
            "keys_no_query_sees", "ONE_TILE_PER_BLOCK", "block_tail_not_copied"]
@@ -114,10 +114,10 @@ def keys_no_query_sees(run, case: Case) -> str | None:
         slot_sets = by_program.setdefault(acc.program, [set(), set()])
         if acc.kind == "load":
             for name in ("key_cache", "value_cache"):
-                idx = _elements(acc.addresses, run.args[name])
+                idx = elements(acc.addresses, run.args[name])
                 slot_sets[0].update((idx[(idx >= 0) & (idx < kc.numel())] // per_slot).tolist())
         else:
-            idx = _elements(acc.addresses, out)
+            idx = elements(acc.addresses, out)
             slot_sets[1].update((idx[(idx >= 0) & (idx < out.numel())] // per_token).tolist())
     for program in sorted(by_program):
         loaded, stored = by_program[program]
