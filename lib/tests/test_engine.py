@@ -119,10 +119,10 @@ def test_engine_args_cross_checks():
     assert EngineArgs(block_size=16, prefix_match_unit=4).hash_block_size == 4
 
 
-# ---------------------------------------------------------------------- the seed's experiment
+# ---------------------------------------------------------------------- the 2,048-block experiment
 
 
-def test_seed_experiment_pool_of_2048_blocks_admits_two_4000_token_prompts():
+def test_the_2048_block_experiment_pool_admits_two_4000_token_prompts():
     # The block accounting is the point, not the model: one layer and two heads keep 8,000 tokens of
     # prefill attention (quadratic, on a CPU) to about a second.
     config = dataclasses.replace(ModelConfig.preset("tiny"), num_hidden_layers=1, num_attention_heads=2,
