@@ -193,8 +193,13 @@ def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> 
 
 
 def kv_bytes_per_token(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
-    """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes (per rank)."""
+    """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes (per rank).
+
+    ``dtype`` ``"auto"`` is the checkpoint's (``ModelSpec.torch_dtype``), as
+    vLLM's ``--kv-cache-dtype auto``.
+    """
     m = model_spec(model)
+    dtype = _resolve_dtype(dtype, m)
     return 2 * m.num_layers * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
 
 
@@ -227,6 +232,7 @@ def page_bytes_per_layer(model: str | ModelSpec, block_size: int = 16, dtype: st
     """One block's K and V in ONE layer: block_size * 2 * kv_heads * head_dim * bytes."""
     m = model_spec(model)
     check_int(block_size, "block_size", 1)
+    dtype = _resolve_dtype(dtype, m)
     return block_size * 2 * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
 
 

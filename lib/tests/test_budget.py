@@ -452,3 +452,10 @@ def test_plan_round_trips_through_its_own_log_lines():
         model=LLAMA_31_70B, tensor_parallel_size=4, gpu_memory_utilization=0.9, dtype="fp8",
         request_len=2_500))), LLAMA_31_70B, 2_500, kv_cache_dtype="fp8", tensor_parallel_size=4)
     assert fp8.concurrency == 342
+
+
+def test_auto_kv_dtype_is_the_checkpoints_everywhere():
+    half = b.model_spec_from_config(dict(LLAMA_31_70B, torch_dtype="float32"))
+    assert b.kv_bytes_per_token(half, "auto") == 2 * b.kv_bytes_per_token("Llama-3.1-70B", "auto")
+    assert b.block_bytes(half, 16, "auto", 4) == b.block_bytes(half, 16, "fp32", 4)
+    assert b.num_gpu_blocks(2**30, "Llama-3.1-70B", 16, "auto") == b.num_gpu_blocks(2**30, "Llama-3.1-70B", 16)

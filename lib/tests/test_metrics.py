@@ -65,6 +65,9 @@ def test_the_scrape_has_vllms_names_types_and_the_engines_values_at_every_step(m
         assert v["vllm:kv_block_lifetime_seconds_sum"] == pytest.approx(sum(e[0] for e in metrics.evictions))
         assert v[("vllm:kv_block_lifetime_seconds_bucket", "+Inf")] == n
         assert v["vllm:kv_block_reuse_gap_seconds_count"] == sum(len(e[2]) for e in metrics.evictions)
+        assert metrics.sample("vllm:num_requests_waiting") == stats.num_waiting
+        assert metrics.sample("vllm:num_preemptions_total") == stats.num_preemptions
+        assert metrics.sample("vllm:no_such_metric") is None
         checked.append(stats.num_running)
 
     engine.add_step_listener(compare)

@@ -123,7 +123,7 @@ class PrometheusMetrics:
         self.clock, self.sample_rate = clock, sample_rate
         self._rng = random.Random(seed)
         self.registry = prom.CollectorRegistry()
-        labels = {"model_name": str(model_name), "engine": str(engine_index)}
+        labels = self._labels = {"model_name": str(model_name), "engine": str(engine_index)}
         names = ["model_name", "engine"]
 
         def make(kind, name, **kw):
@@ -220,6 +220,11 @@ class PrometheusMetrics:
             self._seen[key] = value
 
     # ------------------------------------------------------------ reading
+    def sample(self, name: str) -> float | None:
+        """One sample's value by its exposed name (``"vllm:num_preemptions_total"``,
+        ``"vllm:kv_block_lifetime_seconds_count"``), for this engine's labels; None if absent."""
+        return self.registry.get_sample_value(name, self._labels)
+
     def exposition(self, created: bool = True) -> str:
         """The Prometheus text format, as ``GET /metrics`` would return it.
 

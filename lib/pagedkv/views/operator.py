@@ -236,24 +236,20 @@ def changed_in(row: dict, order: list[str]) -> str:
 
 
 def version_table(matrix: dict) -> str:
-    """The version matrix as an HTML table: per row the claim, each cell's value linked to its source
-    lines at that release's tag, and where it changed."""
-    releases = sorted({c["release"] for r in matrix["rows"] for c in r["cells"]}, key=_version_key)
-    head = "".join(f"<th style='padding:3px 5px'>{html.escape(h)}</th>"
-                   for h in ["claim", *releases, "changed in"])
+    """The version matrix as an HTML table of three columns that fits the page: the claim, its
+    value in each release read (each linked to its source lines at that release's tag), and
+    where it changed."""
+    head = "".join(f"<th style='text-align:left;padding:3px 6px'>{h}</th>"
+                   for h in ("claim", "in the releases read", "changed in"))
     body = []
     for row in matrix["rows"]:
-        by_release = {c["release"]: c for c in row["cells"]}
-        cells = [f"<td style='padding:3px 5px'>{html.escape(row['claim'])}</td>"]
-        for r in releases:
-            c = by_release.get(r)
-            if c is None:
-                cells.append("<td></td>")
-                continue
-            link = release_link(r, c["path"], c["first"], c["last"])
-            cells.append(f"<td style='padding:3px 5px'><a href='{html.escape(link)}'>"
-                         f"{html.escape(c['value'])}</a></td>")
-        cells.append(f"<td style='padding:3px 5px'>{html.escape(changed_in(row, matrix['pypi_order']))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f"<table class='pagedkv-versions' style='font-size:80%;max-width:100%'><thead><tr>{head}</tr>"
+        cells = sorted(row["cells"], key=lambda c: _version_key(c["release"]))
+        values = "<br/>".join(
+            f"{html.escape(c['release'])}: <a href='{html.escape(release_link(c['release'], c['path'], c['first'], c['last']))}'>"
+            f"{html.escape(c['value'])}</a>" for c in cells)
+        body.append(f"<tr><td style='vertical-align:top;padding:3px 6px'>{html.escape(row['claim'])}</td>"
+                    f"<td style='vertical-align:top;padding:3px 6px'>{values}</td>"
+                    f"<td style='vertical-align:top;padding:3px 6px'>"
+                    f"{html.escape(changed_in(row, matrix['pypi_order']))}</td></tr>")
+    return (f"<table class='pagedkv-versions' style='font-size:85%;max-width:100%'><thead><tr>{head}</tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")
