@@ -226,3 +226,12 @@ def test_the_startup_log_lines_read_are_vllms_words():
     p = budget.plan(model="Llama-3.1-70B", tensor_parallel_size=4, gpu_memory_utilization=0.9, request_len=2_500)
     log = budget.read_startup_log("\n".join(budget.server_log_lines(p)))
     assert log.available_kv_gib == round(p.pool_bytes / budget.GiB, 2) and log.kv_cache_tokens == p.token_slots
+
+
+def test_the_book_notebooks_citations_hold_against_0_33_0():
+    # tools.citations reads book/*.md; the notebooks in book/ are checked here.
+    pages = sorted(versions.ROOT.glob(versions.PAGE_GLOB))
+    assert pages, "no notebook in book/"
+    problems, counts = citations.check(pages, versions.ROOT, {citations.VLLM.key: _real(citations.VLLM.version),
+                                                              citations.SGLANG.key: None})
+    assert problems == [] and counts["checked"][citations.VLLM.key] >= 10
