@@ -19,7 +19,7 @@ help:
 	@echo "make test-compile  every Triton kernel compiled for sm_90 and sm_80 (no GPU); rewrites the report"
 	@echo "make test-citations  every vLLM and SGLang line the book cites, checked against the released wheels;"
 	@echo "               each chapter's main-text words and citations"
-	@echo "make test-terms every glossary term defined or linked where it first appears (not yet in make test)"
+	@echo "make test-terms every glossary term defined or linked where it first appears"
 	@echo "make test-site the built site in headless Chromium at 1280 and 390 px, light and dark: errors,"
 	@echo "               widths, views, explorables, keyboard, axe-core (after test-book)"
 	@echo "make pdf       the whole book as one PDF, _build/pdf/book.pdf (offline; Chromium, pdftotext)"
@@ -44,7 +44,7 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
 	@echo "Open _build/html/index.html in a browser."
 
-test: test-lib test-fuzz test-compile-quick test-citations test-notebooks test-book test-site test-pdf
+test: test-lib test-fuzz test-compile-quick test-citations test-terms test-notebooks test-book test-site test-pdf
 
 test-lib: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest lib/tests tools/tests -q -p no:cacheprovider -n 2 --dist loadfile
@@ -84,15 +84,15 @@ test-compile: $(STAMP)
 # downloaded once into ~/.cache/pagedkv ($$PAGEDKV_CACHE overrides); offline and
 # uncached the check is skipped, except under CI=true. --report prints, per
 # chapter, the main text's words and where its citations stand (main text,
-# asides, answers, code); --budget instead of --report also fails a chapter over
+# asides, answers, code); --budget (what make test runs) prints it and fails a chapter over
 # 3,500 words or 2 citations in its main text.
 test-citations: $(STAMP)
-	$(PY) -m tools.citations --check --report
+	$(PY) -m tools.citations --check --budget
 
 # Every glossary term (book/glossary.md) must first appear, in _toc.yml's
 # reading order, as its definition (**term**) or a {term} link, both for a
 # reader who opens the asides and one who skips them (tools/terms.py has the
-# matching rules). Not yet part of `make test`: the chapters are being linked.
+# matching rules). Part of `make test`.
 test-terms: $(STAMP)
 	$(PY) -m tools.terms --check
 

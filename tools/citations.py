@@ -28,7 +28,7 @@ vLLM's and SGLang's source"):
 Either way the file must be in the wheel, the range inside the file, and the
 name in the cited lines (give or take ``SLACK`` lines). An SGLang code span
 that names a file without lines (the form the book used before SGLang was
-pinned) is listed as one to convert; the citations in markdown still written
+pinned) fails the check, naming the tag to link to; the citations in markdown still written
 as code spans rather than links are counted (per chapter under ``--report``).
 
 **Asides and the budget.** In markdown (notebook cells, book pages) an aside
@@ -585,7 +585,10 @@ def check(files: list[Path], root: Path, wheels) -> tuple[list[str], dict]:
                 counts["spans_in_markdown"] += text.markdown and not cite.link
                 counts["files"].add(text.source)
                 if cite.first is None and cite.problem is None:
-                    counts["to_convert"].append(cite)  # an SGLang file named without lines
+                    # An SGLang file named without lines: the form from before SGLang was pinned.
+                    counts["to_convert"].append(cite)
+                    problems.append(f"{cite.where()}: {cite.name or '(no name)'} in `{cite.path}` has no lines: "
+                                    f"link to them at {SGLANG.tag}")
                     continue
                 wheel = wheels[key]
                 if wheel is None and cite.problem is None:
@@ -906,9 +909,6 @@ def run_check(root: Path, wheel_paths: dict[str, str | None]) -> int:
     problems, counts = check(book_files(root), root, wheels)
     for problem in problems:
         print(problem)
-    for cite in counts["to_convert"]:
-        print(f"to convert: {cite.where()}: {cite.name or '(no name)'} in `{cite.path}` has no lines: "
-              f"link to them at {SGLANG.tag}")
     parts = []
     for release in RELEASES:
         n, files = counts[release.key], len(counts["cited"][release.key])

@@ -165,7 +165,7 @@ def test_older_forms_fail_the_check(tmp_path, wheel):
     assert all("older citation form" in p for p in problems)
 
 
-def test_sglang_spans_with_lines_are_checked_and_without_lines_are_to_convert(tmp_path, wheel, sglang_wheel):
+def test_sglang_spans_with_lines_are_checked_and_without_lines_fail(tmp_path, wheel, sglang_wheel):
     path = tmp_path / "a.md"
     path.write_text("(`ReqToTokenPool`, `sglang/srt/mem_cache/memory_pool.py`)\n"
                     "(`alloc`, `sglang/srt/mem_cache/allocator.py:3-4`)\n"
@@ -173,7 +173,9 @@ def test_sglang_spans_with_lines_are_checked_and_without_lines_are_to_convert(tm
     problems, counts = citations.check([path], tmp_path, {"vllm": wheel, "sglang": sglang_wheel})
     assert counts["sglang"] == 3 and counts["vllm"] == 0 and counts["checked"]["sglang"] == 2
     assert [c.name for c in counts["to_convert"]] == ["ReqToTokenPool"]
-    assert problems == ["a.md:3: `free` not in lines 3-4 of `sglang/srt/mem_cache/allocator.py`; found at line 12"]
+    assert problems == ["a.md:1: ReqToTokenPool in `sglang/srt/mem_cache/memory_pool.py` has no lines: "
+                        "link to them at v0.5.23",
+                        "a.md:3: `free` not in lines 3-4 of `sglang/srt/mem_cache/allocator.py`; found at line 12"]
 
 
 # --- links to the lines at the release tag -----------------------------------
