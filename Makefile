@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
-NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb)
+NOTEBOOKS := $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb book/*.ipynb)
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with .ci/nbval-sanitize.cfg --nbval-cell-timeout 600
 BOOK_FLAGS := -W -n --keep-going --builder html
 
