@@ -40,8 +40,9 @@ FORBIDDEN = {
 # its own package's siblings, for the packages kernels, model and engine).
 LAYERS = [
     {"_device", "common"},
+    {"specs"},
     {"budget", "hashing"},
-    {"free_queue", "pool_events", "request"},
+    {"server_log", "free_queue", "pool_events", "request"},
     {"block_pool"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from pagedkv import budget as b
+from pagedkv import server_log
 from pagedkv.budget import GiB, KiB, MiB
 
 H100_POOL = 81_559 * MiB * 0.92 - 14.96 * GiB - 6.0 * GiB  # the reference budget
@@ -404,28 +405,28 @@ SERVER_LOG = """\
 
 
 def test_startup_log_is_read_with_any_prefix():
-    log = b.read_startup_log(SERVER_LOG)
+    log = server_log.read_startup_log(SERVER_LOG)
     assert (log.model_loading_gib, log.available_kv_gib, log.kv_cache_tokens, log.max_model_len,
             log.max_concurrency) == (32.86, 31.2, 408_896, 32_768, 12.48)
     assert log.non_kv_gib is None and log.derived_non_kv_gib is None
-    s = b.size_from_log(SERVER_LOG, "Llama-3.1-70B", request_len=2_500, tensor_parallel_size=4)
+    s = server_log.size_from_log(SERVER_LOG, "Llama-3.1-70B", request_len=2_500, tensor_parallel_size=4)
     assert s.num_blocks == 408_896 // 16 == 25_556 and s.consistent
     assert s.concurrency == 25_555 // 157 == 162
     # The wrong TP shows: blocks from the pool disagree with the capacity line.
-    assert not b.size_from_log(SERVER_LOG, "Llama-3.1-70B", 2_500, tensor_parallel_size=2).consistent
+    assert not server_log.size_from_log(SERVER_LOG, "Llama-3.1-70B", 2_500, tensor_parallel_size=2).consistent
     with pytest.raises(ValueError, match="Available KV cache memory"):
-        b.read_startup_log("INFO Model loading took 3 GiB memory")
+        server_log.read_startup_log("INFO Model loading took 3 GiB memory")
 
 
 def test_startup_log_non_kv_from_debug_or_info_lines():
     debug = ("DEBUG Memory profiling takes 9.10 seconds. Total non KV cache memory: 38.9GiB; torch peak "
              "memory increase: 5.1GiB; total consumed (from mem_get_info): 33.2GiB; weights memory: 32.86GiB.")
-    log = b.read_startup_log(SERVER_LOG + debug)
+    log = server_log.read_startup_log(SERVER_LOG + debug)
     assert log.non_kv_gib == 38.9 and log.allowance_gib == round(38.9 - 32.86, 2)
     info = ("INFO Free memory on device (78.9/79.19 GiB) on startup. Desired GPU memory utilization is "
             "(0.9, 71.27 GiB). Actual usage is 34.1 GiB for consumed memory (weights + non-torch), 4.2 GiB "
             "for peak activation, and 1.31 GiB for CUDAGraph memory. Replace ...")
-    log = b.read_startup_log(SERVER_LOG + info)
+    log = server_log.read_startup_log(SERVER_LOG + info)
     assert (log.free_gib, log.total_gib, log.gpu_memory_utilization, log.requested_gib) == (78.9, 79.19, 0.9, 71.27)
     assert (log.consumed_gib, log.activation_gib, log.cudagraph_gib) == (34.1, 4.2, 1.31)
     assert log.derived_non_kv_gib == round(71.27 - 31.2, 2)
@@ -435,7 +436,7 @@ def test_startup_log_non_kv_from_debug_or_info_lines():
 def test_capacity_line_inverts_to_the_blocks(blocks, block_size, max_model_len):
     per = b.cdiv(max_model_len, block_size)
     tokens = int(blocks / per * max_model_len)
-    got = b.blocks_from_log_tokens(tokens, max_model_len, block_size)
+    got = server_log.blocks_from_log_tokens(tokens, max_model_len, block_size)
     assert int(got / per * max_model_len) == tokens
 
 
@@ -444,11 +445,11 @@ def test_plan_round_trips_through_its_own_log_lines():
     p = b.plan(model=LLAMA_31_70B, tensor_parallel_size=4, gpu_memory_utilization=0.9,
                request_len=2_500, max_model_len=32_768)
     assert (p.num_blocks, p.blocks_per_request, p.paged_ceiling) == (26_893, 157, 171)
-    lines = b.server_log_lines(p, load_seconds=41.2)
-    s = b.size_from_log("\n".join(lines), LLAMA_31_70B, 2_500, tensor_parallel_size=4)
+    lines = server_log.server_log_lines(p, load_seconds=41.2)
+    s = server_log.size_from_log("\n".join(lines), LLAMA_31_70B, 2_500, tensor_parallel_size=4)
     assert s.num_blocks == p.num_blocks and s.concurrency == 171 and s.consistent
     assert s.log.allowance_gib == 6.0
-    fp8 = b.size_from_log("\n".join(b.server_log_lines(b.plan(
+    fp8 = server_log.size_from_log("\n".join(server_log.server_log_lines(b.plan(
         model=LLAMA_31_70B, tensor_parallel_size=4, gpu_memory_utilization=0.9, dtype="fp8",
         request_len=2_500))), LLAMA_31_70B, 2_500, kv_cache_dtype="fp8", tensor_parallel_size=4)
     assert fp8.concurrency == 342

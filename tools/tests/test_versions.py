@@ -208,7 +208,7 @@ def test_every_metric_is_registered_under_its_name_and_type_in_vllm_0_33_0():
 
 
 def test_the_startup_log_lines_read_are_vllms_words():
-    from pagedkv import budget
+    from pagedkv import budget, server_log
 
     w = _real(citations.VLLM.version)
     runner = "\n".join(w.lines("v1/worker/gpu_model_runner.py"))
@@ -224,7 +224,7 @@ def test_the_startup_log_lines_read_are_vllms_words():
     assert '"Maximum concurrency for %s tokens per request: %.2fx"' in utils
     # And the reader parses the lines our arithmetic prints in those words.
     p = budget.plan(model="Llama-3.1-70B", tensor_parallel_size=4, gpu_memory_utilization=0.9, request_len=2_500)
-    log = budget.read_startup_log("\n".join(budget.server_log_lines(p)))
+    log = server_log.read_startup_log("\n".join(server_log.server_log_lines(p)))
     assert log.available_kv_gib == round(p.pool_bytes / budget.GiB, 2) and log.kv_cache_tokens == p.token_slots
 
 

@@ -240,7 +240,7 @@ else:
         ``model`` a preset name, a ``ModelSpec`` or a Hugging Face
         ``config.json`` (a dict or its path, :func:`pagedkv.budget.model_spec_from_config`);
         ``non_kv_gib`` and ``weight_gib`` the figures a server logged
-        (:func:`pagedkv.budget.read_startup_log`). In the widget, "GPU MiB"
+        (:func:`pagedkv.server_log.read_startup_log`). In the widget, "GPU MiB"
         and "non-KV GiB" take typed numbers; typing a GPU's memory selects
         "custom".
 

@@ -1,0 +1,246 @@
+"""A server's own startup log, read back: the lines vLLM 0.33.0 prints, and the pool they imply.
+
+``read_startup_log`` picks out "Model loading took", "Total non KV cache
+memory" (printed at DEBUG only), "Available KV cache memory", the capacity
+line ("GPU KV cache size: N tokens", "Maximum concurrency for ... tokens per
+request") and the startup refusal about free memory; ``size_from_log`` turns
+them, with the model's spec, into the pool, its blocks and the concurrency for
+a workload, with the arithmetic of :mod:`pagedkv.budget`; ``server_log_lines``
+prints what a plan would make a server log.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .budget import (GiB, KiB, BudgetPlan, ModelSpec, block_bytes, blocks_per_request, format_gib,
+                     model_spec, resolve_kv_dtype, startup_log_lines)
+from .common import cdiv, check_int
+
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_LOG_PATTERNS = {
+    "model_loading_gib": re.compile(r"Model loading took " + _NUM + r" ?GiB"),
+    "non_kv_gib": re.compile(r"Total non KV cache memory: " + _NUM + r" ?GiB"),
+    "available_kv_gib": re.compile(r"Available KV cache memory: " + _NUM + r" ?GiB"),
+    "kv_cache_tokens": re.compile(r"KV cache size: " + _NUM + r" tokens"),
+    "concurrency": re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x"),
+    "free_total": re.compile(r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup"),
+    "utilization": re.compile(r"Desired GPU memory utilization is \(" + _NUM + ", " + _NUM + " GiB\\)"),
+    "actual_usage": re.compile(r"Actual usage is " + _NUM + r" GiB for consumed memory \(weights \+ "
+                               r"non-torch\), " + _NUM + r" GiB for peak activation, and " + _NUM
+                               + r" GiB for CUDAGraph memory"),
+}
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@dataclass(frozen=True)
+class StartupLog:
+    """The sizing figures a vLLM 0.33.0 server printed at startup (None: the line was not there).
+
+    All GiB figures are vLLM's, rounded to two decimals (``format_gib``):
+
+    * ``model_loading_gib``: "Model loading took X GiB memory" (INFO): the
+      weights on this rank.
+    * ``non_kv_gib``: "Total non KV cache memory: X GiB" (DEBUG: only with
+      ``VLLM_LOGGING_LEVEL=DEBUG``): weights, non-torch memory and the
+      activation peak of the profiling pass.
+    * ``available_kv_gib``: "Available KV cache memory: X GiB" (INFO): the pool.
+    * ``kv_cache_tokens``, ``max_model_len``, ``max_concurrency``: "GPU KV cache
+      size: N tokens, Maximum concurrency for L tokens per request: C x" (INFO).
+    * ``free_gib``, ``total_gib``, ``gpu_memory_utilization``,
+      ``requested_gib``, ``consumed_gib``, ``activation_gib``,
+      ``cudagraph_gib``: the INFO message after CUDA graphs are captured
+      ("Free memory on device (F/T GiB) on startup. Desired GPU memory
+      utilization is (U, R GiB). Actual usage is ...").
+    """
+
+    model_loading_gib: float | None = None
+    non_kv_gib: float | None = None
+    available_kv_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_model_len: int | None = None
+    max_concurrency: float | None = None
+    free_gib: float | None = None
+    total_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    requested_gib: float | None = None
+    consumed_gib: float | None = None
+    activation_gib: float | None = None
+    cudagraph_gib: float | None = None
+
+    @property
+    def derived_non_kv_gib(self) -> float | None:
+        """What the budget gave everything but the pool: the DEBUG line's
+        figure, else requested - available (both INFO), else None."""
+        if self.non_kv_gib is not None:
+            return self.non_kv_gib
+        if self.requested_gib is not None and self.available_kv_gib is not None:
+            return round(self.requested_gib - self.available_kv_gib, 2)
+        return None
+
+    @property
+    def allowance_gib(self) -> float | None:
+        """Non-KV memory without the weights: what :func:`plan` calls
+        ``non_kv_gib`` (activation peak, non-torch memory, CUDA graphs)."""
+        total = self.derived_non_kv_gib
+        if total is None or self.model_loading_gib is None:
+            return None
+        return round(total - self.model_loading_gib, 2)
+
+
+def read_startup_log(text: str) -> StartupLog:
+    """The sizing figures in a server's startup log (any prefix, any order; the last of each wins).
+
+    ``ValueError`` when the text holds none of them, or "Available KV cache
+    memory" is missing (without the pool there is nothing to size).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"the log must be a str, got {type(text).__name__}")
+    found: dict = {}
+    for key, pattern in _LOG_PATTERNS.items():
+        matches = pattern.findall(text)
+        if not matches:
+            continue
+        last = matches[-1]
+        if key == "concurrency":
+            found["max_model_len"], found["max_concurrency"] = int(_number(last[0])), _number(last[1])
+        elif key == "free_total":
+            found["free_gib"], found["total_gib"] = _number(last[0]), _number(last[1])
+        elif key == "utilization":
+            found["gpu_memory_utilization"], found["requested_gib"] = _number(last[0]), _number(last[1])
+        elif key == "actual_usage":
+            found["consumed_gib"], found["activation_gib"], found["cudagraph_gib"] = map(_number, last)
+        elif key == "kv_cache_tokens":
+            found[key] = int(_number(last))
+        else:
+            found[key] = _number(last)
+    if "available_kv_gib" not in found:
+        raise ValueError("the log has no 'Available KV cache memory: X GiB' line (vLLM prints it at INFO "
+                         "once the pool is sized); without the pool there is nothing to size")
+    return StartupLog(**found)
+
+
+def blocks_from_log_tokens(kv_cache_tokens: int, max_model_len: int, block_size: int) -> int:
+    """The pool's blocks (null block included) behind "GPU KV cache size: N tokens".
+
+    vLLM prints ``int(num_blocks / cdiv(L, B) * L)`` for ``L = max_model_len``
+    (one KV-cache group); this inverts it exactly, float rounding included.
+    """
+    check_int(kv_cache_tokens, "kv_cache_tokens", 0)
+    per_request = cdiv(check_int(max_model_len, "max_model_len", 1), check_int(block_size, "block_size", 1))
+    guess = kv_cache_tokens * per_request // max_model_len
+    for n in range(max(guess - 2, 0), guess + 4):
+        if int(n / per_request * max_model_len) == kv_cache_tokens:
+            return n
+    raise ValueError(f"no block count prints {kv_cache_tokens:,} tokens at max_model_len={max_model_len:,} "
+                     f"and block_size={block_size}: is block_size the server's?")
+
+
+@dataclass(frozen=True)
+class LogSizing:
+    """Pool, blocks and concurrency for one workload, read from a server's startup log.
+
+    ``num_blocks`` includes the null block; ``usable_blocks`` does not. When
+    the log has the capacity line, ``num_blocks`` comes from it exactly and
+    ``blocks_from_pool`` (the pool's GiB, rounded by the log, divided by one
+    block's bytes) is a cross-check: a mismatch of more than a few blocks
+    means the model, dtype, block size or TP given here is not the server's.
+    """
+
+    model: str
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    block_size: int
+    pool_bytes: float
+    block_bytes: int
+    num_blocks: int
+    blocks_from_pool: int
+    request_len: int
+    blocks_per_request: int
+    concurrency: int
+    non_kv_gib: float | None
+    log: StartupLog
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def consistent(self) -> bool:
+        """The capacity line's blocks agree with the pool's within the log's rounding (0.005 GiB)."""
+        slack = math.ceil(0.005 * GiB / self.block_bytes) + 1
+        return abs(self.num_blocks - self.blocks_from_pool) <= slack
+
+    def rows(self) -> list[tuple[str, str]]:
+        rows = [("KV pool per GPU (Available KV cache memory)", f"{self.pool_bytes / GiB:.2f} GiB"),
+                ("one block, all layers", f"{self.block_bytes / KiB:,.0f} KiB"),
+                ("blocks (null block included)", f"{self.num_blocks:,}"),
+                (f"blocks per {self.request_len:,}-token request", f"{self.blocks_per_request:,}"),
+                ("requests at full length, at once", f"{self.concurrency:,}")]
+        if self.non_kv_gib is not None:
+            rows.insert(1, ("non-KV memory (weights, activations, graphs)", f"{self.non_kv_gib:.2f} GiB"))
+        return rows
+
+
+def size_from_log(log: str | StartupLog, model: str | ModelSpec, request_len: int, block_size: int = 16,
+                  kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> LogSizing:
+    """The sizing procedure, from a server's own startup lines.
+
+    1. The pool is "Available KV cache memory" (per GPU: each rank sizes
+       its own).
+    2. One block costs ``block_size x 2 x kv_heads_per_rank x head_dim x
+       bytes x layers`` (:func:`block_bytes`).
+    3. The blocks are the capacity line's tokens turned back into blocks
+       (:func:`blocks_from_log_tokens`), or, without it, the pool divided by
+       one block.
+    4. A request of ``request_len`` tokens (prompt + output) holds
+       ``cdiv(request_len, block_size)`` blocks at its end; the usable blocks
+       (the null block held back) over that is how many run at full length
+       at once. More are admitted (admission looks at the prompt), and then
+       preempted as they grow.
+    """
+    entry = log if isinstance(log, StartupLog) else read_startup_log(log)
+    m = model_spec(model)
+    dtype = resolve_kv_dtype(kv_cache_dtype, m)
+    tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
+    per_block = block_bytes(m, block_size, dtype, tp)
+    pool = entry.available_kv_gib * GiB
+    from_pool = int(pool // per_block)
+    if entry.kv_cache_tokens is not None and entry.max_model_len is not None:
+        blocks = blocks_from_log_tokens(entry.kv_cache_tokens, entry.max_model_len, block_size)
+    else:
+        blocks = from_pool
+    per_request = blocks_per_request(request_len, block_size)
+    return LogSizing(model=m.name, kv_cache_dtype=str(dtype), tensor_parallel_size=tp, block_size=block_size,
+                     pool_bytes=pool, block_bytes=per_block, num_blocks=blocks, blocks_from_pool=from_pool,
+                     request_len=request_len, blocks_per_request=per_request,
+                     concurrency=max(blocks - 1, 0) // per_request, non_kv_gib=entry.derived_non_kv_gib,
+                     log=entry)
+
+
+def server_log_lines(p: BudgetPlan, load_seconds: float = 0.0, profile_seconds: float = 0.0,
+                     kv_cache_device: str = "GPU") -> list[str]:
+    """The startup lines vLLM 0.33.0 prints for a plan, as :func:`read_startup_log` reads them.
+
+    The model-loading line (INFO), the profiling result (DEBUG; its other
+    figures, which this module does not model, are left out), the pool
+    (INFO) and the capacity line (INFO), in the order a server prints them.
+    The non-KV allowance is modelled as the torch peak increase alone.
+    These are *our* arithmetic in vLLM's words: on a real server, read its
+    own lines instead.
+    """
+    w, a = format_gib(p.weight_bytes), format_gib(p.non_kv_bytes)
+    lines = [f"Model loading took {w} GiB memory and {load_seconds:.6f} seconds",
+             f"Memory profiling takes {profile_seconds:.2f} seconds. Total non KV cache memory: "
+             f"{format_gib(p.weight_bytes + p.non_kv_bytes)}GiB; torch peak memory increase: {a}GiB; "
+             f"total consumed (from mem_get_info): {w}GiB; weights memory: {w}GiB.",
+             *startup_log_lines(p)]
+    if kv_cache_device != "GPU":
+        lines[-1] = lines[-1].replace("GPU KV cache size", f"{kv_cache_device} KV cache size", 1)
+    return lines
