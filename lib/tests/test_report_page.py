@@ -35,8 +35,13 @@ def test_a_cpu_report_adds_the_engine_section_on_a_cpu():
 
 
 def test_cpu_notes_name_the_quantized_model_and_explain_the_smaller_pool():
-    page = _report.render(None, None, {"engine": dict(lines=[], seed_experiment=dict(num_blocks=2048))})
+    throughput = [dict(mode="batch 8", ratio=1.26), dict(mode="one by one", ratio=0.89)]
+    page = _report.render(None, None, {"engine": dict(lines=[], experiment_2048_blocks=dict(num_blocks=2048),
+                                                      throughput=throughput)})
     assert "Q4_1" in page and "dequantizes them to fp32" in page and "oneDNN" in page
+    # The comparison with transformers is worded from the measured ratios, either way round.
+    assert "1.26x transformers' speed (batch 8) and 0.89x transformers' speed (one by one)" in page
+    assert "faster" not in page.split("The serving engine on a CPU")[1].split("\n\n")[1]
     # The benchmark's one-layer model has one KV head, chapter 8's two: half the bytes per block.
     assert "is 8.0 MiB here and 16.0 MiB in chapter 8" in page
 
