@@ -3,7 +3,6 @@
     python -m tools.citations --check            every citation in the book (what `make test` runs)
     python -m tools.citations --report           per chapter: main-text words, citations in the main text and in asides
     python -m tools.citations --budget           fail when a chapter's main text is over its budget
-    python -m tools.citations --rewrite PATH...  convert older citation forms in place
 
 ``--check``, ``--report`` and ``--budget`` combine (``--check --report``).
 
@@ -53,15 +52,6 @@ no wheel.
 package is ever installed. Without a wheel and without a network that
 release's citations are skipped (exit 0), except under ``CI=true``, where a
 skipped check would pass unseen (exit 1).
-
-``--rewrite`` turns the older forms ("`v1/core/kv_cache_manager.py`, line 302",
-"vllm/sampling_params.py, line 592", "(lines 488-498)" after a cited file,
-"same file, lines 932-936") into the code-span notation. It needs the vLLM
-wheel too: a short path is resolved against the wheel's files, and a citation
-is converted only when a name from the text before it occurs in the cited
-lines; the rest are listed for a person to convert. Notebooks change in their
-cell sources only, written back in the repository's JSON layout (indent 1,
-sorted keys).
 """
 
 from __future__ import annotations
@@ -155,7 +145,7 @@ _RST_LABEL = re.compile(r"`(?P<label>[^`<]+?)[ \t\n]*<\Z")
 _CODE_LABEL = re.compile(r"(?P<tick>``?)(?P<code>[^`]+)(?P=tick)\Z")
 _QUOTE_LABEL = re.compile(r"[\"\u201c](?P<quote>[^\"\u201c\u201d]+)[\"\u201d]\Z")
 
-# --- The older forms, for --rewrite and so that --check catches them ---------
+# --- The older forms, so that --check refuses them -----------------------------
 
 _RANGE = r"\d+(?:" + _W + r"[-\u2013]" + _W + r"\d+)?"
 _RANGES = _RANGE + r"(?:" + _W + r"(?:,|and|,[ \t]*and)" + _W + _RANGE + r")*"
@@ -602,7 +592,7 @@ def check(files: list[Path], root: Path, wheels) -> tuple[list[str], dict]:
             for m in old_citations(text):
                 shown = " ".join(m.group(0).split())
                 problems.append(f"{text.where(m.start())}: older citation form {shown!r}: "
-                                "write (`name`, `path:first-last`), or run --rewrite")
+                                "write a link to the lines at the tag, or (`name`, `path:first-last`)")
     return problems, counts
 
 
@@ -672,203 +662,11 @@ def report_table(all_stats: list[ChapterStats]) -> list[str]:
     return lines
 
 
-# --- Rewriting the older forms ------------------------------------------------
-
-@dataclasses.dataclass
-class Conversion:
-    where: str
-    old: str
-    new: str | None  # None: left for a person, see `why`
-    why: str = ""
-
-
-def _ranges(text: str) -> list[tuple[int, int]]:
-    pairs = re.findall(r"(\d+)(?:\s*[#:]*\s*[-\u2013]\s*[#:]*\s*(\d+))?", text)
-    return [(int(a), int(b or a)) for a, b in pairs]
-
-
-def _names_before(text: Text, start: int, floor: int) -> list[tuple[int, re.Match]]:
-    """Code spans and quoted fragments in the 300 characters before ``start`` (not before
-    ``floor``), nearest first, leaving out spans that are themselves paths. The spans are
-    found from ``floor`` on, so that backticks pair up as they do in the text."""
-    spans = re.finditer(_SPAN + r"(?P<code>[^`]+?)(?P=tick)(?!`)|[\"\u201c](?P<quote>[^\"\u201c\u201d]+)[\"\u201d]",
-                        text.text[floor:start])
-    keep = [m for m in spans if m.end() >= start - floor - 300 and not FILE_SPAN.fullmatch(m.group("code") or "")]
-    return [(floor, m) for m in reversed(keep)]
-
-
-def _resolve(path: str, wheel: Wheel, known: set[str]) -> list[str]:
-    """The wheel files an older path may mean; of several, the one this source file names in full."""
-    files = wheel.resolve(path)
-    named = [f for f in files if f in known]
-    return named if len(files) > 1 and len(named) == 1 else files
-
-
-def named_files(texts: list[Text], wheel: Wheel) -> set[str]:
-    """The wheel files a source file names by their full path, cited or only pointed to."""
-    return {m.group("path").removeprefix("vllm/") for t in texts for m in CITATION.finditer(t.text)
-            if m.group("path").removeprefix("vllm/") in wheel.files}
-
-
-def _cited_paths(text: Text, wheel: Wheel, known: set[str]) -> list[tuple[int, str]]:
-    """The files a text names (cited or pointed to, any form) and where: the candidates
-    for a bare 'lines 12-14' that names no file."""
-    named = [(m.start(), m.group("path")) for m in CITATION.finditer(text.text)]
-    named += [(m.start(), m.group("opath") or m.group("bare")) for m in old_citations(text)
-              if m.group("opath") or m.group("bare")]
-    resolved = [(at, _resolve(path, wheel, known)) for at, path in named]
-    return [(at, files[0]) for at, files in resolved if len(files) == 1]
-
-
-@dataclasses.dataclass
-class Edit:
-    start: int
-    end: int
-    new: str
-    name: str
-    brk: str = ""  # the line break the replaced text held, to put back at the next space
-
-
-def convert_one(text: Text, m: re.Match, floor: int, wheel: Wheel, known: set[str]) -> Edit | Conversion:
-    """The edit for one older citation, or why there is none."""
-    old = " ".join(m.group(0).split())
-    where = text.where(m.start())
-    ranges = _ranges(m.group("ranges"))
-    if len(ranges) > 1:
-        return Conversion(where, old, None, "several ranges: give each its own name")
-    first, last = ranges[0]
-    path = m.group("opath") or m.group("bare")
-    if path:
-        files = _resolve(path, wheel, known)
-        if len(files) != 1:
-            why = "not a file of the wheel" if not files else f"ambiguous: {', '.join(files)}"
-            return Conversion(where, old, None, f"`{path}`: {why}")
-    else:  # 'lines 12-14', 'same file': one of the files this text names, the nearest before first
-        cited = sorted(_cited_paths(text, wheel, known), key=lambda c: (c[0] > m.start(), abs(c[0] - m.start())))
-        files = list(dict.fromkeys(p for _, p in cited))
-        if not files:
-            return Conversion(where, old, None, "names no file, nor does its cell or paragraph")
-    names = _names_before(text, m.start(), floor)
-    if names and _adjacent(text, names[0], m):
-        names = names[:1]  # the text names what it cites: no other name may stand in for it
-    for file in files:
-        lines = wheel.lines(file)
-        if last > len(lines) or first > last:
-            continue
-        lo, hi = max(1, first - SLACK), min(len(lines), last + SLACK)
-        for base, name in names:
-            quoted = name.group("quote") is not None
-            if occurs(name.group("code") or name.group("quote"), quoted, lines[lo - 1:hi]):
-                return _replacement(text, m, base, name, file, first, last)
-    shown = " or ".join(f"`{f}`" for f in files)
-    if names and len(names) == 1 and _adjacent(text, names[0], m):
-        name = " ".join(names[0][1].group(0).split())
-        return Conversion(where, old, None, f"{name} is not in {_lines_label(first, last)} of {shown}")
-    return Conversion(where, old, None, f"no name before it occurs in {_lines_label(first, last)} of {shown}")
-
-
-def _adjacent(text: Text, found: tuple[int, re.Match], m: re.Match) -> bool:
-    """Whether only a separator ("," / "(" / "in" / "of") stands between a name and a citation."""
-    base, name = found
-    return re.fullmatch(_SEP + r"|" + _W + r"(?:in|of)" + _W, text.text[base + name.end():m.start()]) is not None
-
-
-def _replacement(text: Text, m: re.Match, base: int, name: re.Match, file: str, first: int, last: int) -> Edit:
-    """Write (name, `path:lines`): the name stays where it is when only a separator
-    ("," / "(" / "in" / "of") stands between it and the place; otherwise a copy goes in front."""
-    tick = m.group("otick") or ("``" if text.double_ticks else "`")
-    place = f"{tick}{file}:{first}" + (f"-{last}" if last != first else "") + tick
-    name_end = base + name.end()
-    gap = text.text[name_end:m.start()]
-    label = name.group("code") or name.group("quote")
-    if re.fullmatch(_SEP, gap):
-        edit = Edit(m.start(), m.end(), place, label)
-    elif re.fullmatch(_W + r"(?:in|of)" + _W, gap):
-        # "`name` in\n# `path`" -> "`name`,\n# `path:...`": the word goes, the break stays.
-        edit = Edit(name_end, m.end(), re.sub(r"[ \t]*\b(?:in|of)\b[ \t]*", ", ", gap, count=1).replace(", \n", ",\n") + place, label)
-    else:
-        edit = Edit(m.start(), m.end(), f"{name.group(0)}, {place}", label)
-    removed = text.text[edit.start:edit.end]
-    brk = re.search(r"\n[ \t]*(?:#:?[ \t]*)?", removed)
-    if brk and "\n" not in edit.new:
-        edit.brk = brk.group(0)
-    return edit
-
-
-def _apply(text: str, edits: list[Edit]) -> str:
-    """Apply edits from the last to the first. A line break the old text held moves to the
-    first space after the new text, so that the paragraph keeps its line count."""
-    for e in sorted(edits, key=lambda e: e.start, reverse=True):
-        rest = text[e.end:]
-        if e.brk:
-            space = re.search(r" |\n", rest)
-            if space and space.group(0) == " ":
-                rest = rest[:space.start()].rstrip(" \t") + e.brk + rest[space.end():]
-            # else the line ends right after the citation: the two lines join.
-        text = text[:e.start] + e.new + rest
-    return text
-
-
-def convert_text(text: Text, wheel: Wheel, known: set[str]) -> tuple[str, list[Conversion]]:
-    """The text with every older citation that can be converted rewritten, and a record of each."""
-    edits, record, floor = [], [], 0
-    for m in old_citations(text):
-        result = convert_one(text, m, floor, wheel, known)
-        if isinstance(result, Conversion):
-            record.append(result)
-        else:
-            edits.append(result)
-            old = " ".join(text.text[result.start:m.end()].split())
-            record.append(Conversion(text.where(m.start()), old, " ".join(result.new.split()),
-                                     f"name `{result.name}`"))
-        floor = m.end()  # a later citation's name is never in front of this one
-    return _apply(text.text, edits), record
-
-
-def _split_source(text: str) -> list[str]:
-    """A cell source as nbformat stores it: lines that keep their newline."""
-    return re.findall(r"[^\n]*\n|[^\n]+", text)
-
+# --- Notebooks in the repository's layout -------------------------------------
 
 def dump_notebook(nb: dict) -> str:
     """The repository's notebook layout (what nbformat.write writes)."""
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def rewrite_file(path: Path, root: Path, wheel: Wheel) -> list[Conversion]:
-    """Convert one file in place; notebooks change in their cell sources only."""
-    raw = path.read_text(encoding="utf-8")
-    texts = file_texts(path, root)
-    known = named_files(texts, wheel)
-    record = []
-    if path.suffix == ".ipynb":
-        nb = json.loads(raw)
-        if dump_notebook(nb) != raw:
-            return [Conversion(str(path), "", None, "not in the repository's JSON layout: left alone")]
-        for text in texts:
-            new, conversions = convert_text(text, wheel, known)
-            record += conversions
-            if new != text.text:
-                cell = nb["cells"][text.cell]
-                cell["source"] = _split_source(new) if isinstance(cell["source"], list) else new
-        out = dump_notebook(nb)
-    else:
-        out, record = convert_text(texts[0], wheel, known)
-    if out != raw:
-        path.write_text(out, encoding="utf-8")
-    return record
-
-
-def expand(paths: list[str]) -> list[Path]:
-    """Files, and the .py, .md and .ipynb files under folders."""
-    out = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out += sorted(f for f in p.rglob("*") if f.suffix in (".py", ".md", ".ipynb")
-                          and ".ipynb_checkpoints" not in f.parts)
-        else:
-            out.append(p)
-    return out
 
 
 # --- Command line -------------------------------------------------------------
@@ -933,23 +731,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", action="store_true",
                         help=f"fail when a chapter's main text has over {MAX_MAIN_CITATIONS} citations "
                              f"or {MAX_MAIN_WORDS:,} words")
-    parser.add_argument("--rewrite", nargs="+", metavar="PATH", help="convert older forms in these files in place")
     parser.add_argument("--root", default=str(ROOT), help="the book's root (default: this repository)")
     parser.add_argument("--wheel", help="a vLLM wheel to read instead of the cached one")
     parser.add_argument("--sglang-wheel", help="an SGLang wheel to read instead of the cached one")
     args = parser.parse_args(argv)
-    if not (args.check or args.report or args.budget or args.rewrite):
-        parser.error("one of --check, --report, --budget or --rewrite is required")
-    if args.rewrite and (args.check or args.report or args.budget):
-        parser.error("--rewrite goes alone")
+    if not (args.check or args.report or args.budget):
+        parser.error("one of --check, --report or --budget is required")
     root = Path(args.root).resolve()
 
-    if args.rewrite:
-        wheel = open_wheel(args.wheel)
-        if isinstance(wheel, str):
-            print(f"citations: cannot rewrite: {wheel}", file=sys.stderr)
-            return 1
-        return report_rewrite([c for p in expand(args.rewrite) for c in rewrite_file(p.resolve(), root, wheel)])
     status = 0
     if args.check:
         status = run_check(root, {VLLM.key: args.wheel, SGLANG.key: args.sglang_wheel})
@@ -965,17 +754,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in report_table(stats):
             print(line)
     return status
-
-
-def report_rewrite(record: list[Conversion]) -> int:
-    done = [c for c in record if c.new is not None]
-    for c in done:
-        print(f"converted  {c.where}: {c.old!r} -> {c.new!r} ({c.why})")
-    for c in record:
-        if c.new is None:
-            print(f"by hand    {c.where}: {c.old!r}: {c.why}")
-    print(f"citations: {len(done)} converted, {len(record) - len(done)} left to convert by hand")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """The citation check, on a tiny fake vLLM wheel: no network, no real wheel."""
 
-import json
 import subprocess
 import zipfile
 from pathlib import Path
@@ -450,54 +449,3 @@ def test_each_wheel_is_downloaded_by_pip_for_one_named_platform(tmp_path, monkey
     assert "manylinux_2_34_x86_64" in commands[0] and "cp311" in commands[0]
     assert citations.download_wheel(tmp_path, citations.VLLM).name == "vllm-0.33.0-x.whl"
 
-
-# --- rewriting the older forms ------------------------------------------------
-
-def test_rewrite_converts_a_markdown_page(tmp_path, wheel):
-    page = tmp_path / "a.md"
-    page.write_text("It frees them in reverse (`free_blocks`, `v1/core/block_pool.py`,\n"
-                    "lines 4-8) and `touch` does nothing (same file, line\n20). Then more.\n"
-                    "Unnamed (`v1/core/block_pool.py`, line 6).\n")
-    record = citations.rewrite_file(page, tmp_path, wheel)
-    assert page.read_text() == ("It frees them in reverse (`free_blocks`, `v1/core/block_pool.py:4-8`)\n"
-                                "and `touch` does nothing (`touch`, `v1/core/block_pool.py:20`).\nThen more.\n"
-                                "Unnamed (`v1/core/block_pool.py`, line 6).\n")
-    assert [c.new is None for c in record] == [False, False, True]
-    assert "no name before it occurs in line 6" in record[2].why
-    assert problems_in(tmp_path, wheel, "b.md", page.read_text().rsplit("Unnamed", 1)[0]) == []
-
-
-def test_rewrite_resolves_short_paths_and_keeps_comment_lines(tmp_path, wheel):
-    source = tmp_path / "m.py"
-    source.write_text('"""As ``MAX_3D_QUERY_LEN`` (``triton_unified_attention.py``, line 1).\n\n'
-                      'See ``v1/attention/ops/triton_unified_attention.py``."""\n'
-                      "x = 1  # ``seed`` in\n#: vllm/sampling_params.py, line 3, as vLLM\n")
-    citations.rewrite_file(source, tmp_path, wheel)
-    assert source.read_text() == (
-        '"""As ``MAX_3D_QUERY_LEN`` (``v1/attention/ops/triton_unified_attention.py:1``).\n\n'
-        'See ``v1/attention/ops/triton_unified_attention.py``."""\n'
-        "x = 1  # ``seed``,\n#: ``sampling_params.py:3``, as vLLM\n")
-
-
-def test_rewrite_changes_a_notebooks_cell_sources_only(tmp_path, wheel):
-    path = tmp_path / "nb.ipynb"
-    original = notebook(("markdown", "Frees (`free_blocks`, `v1/core/block_pool.py`, lines 4-8).\n"),
-                        ("code", "n = 1  # `n`, vllm/sampling_params.py, line 2\n"))
-    nb = json.loads(original)
-    nb["cells"][1]["outputs"] = [{"name": "stdout", "output_type": "stream", "text": ["line 2 \u00e9\n"]}]
-    original = citations.dump_notebook(nb)
-    path.write_text(original)
-    citations.rewrite_file(path, tmp_path, wheel)
-    expected = (original.replace("`v1/core/block_pool.py`, lines 4-8", "`v1/core/block_pool.py:4-8`")
-                .replace("vllm/sampling_params.py, line 2", "`sampling_params.py:2`"))
-    assert path.read_text() == expected
-
-
-def test_rewrite_leaves_several_ranges_and_unknown_files_to_a_person(tmp_path, wheel):
-    page = tmp_path / "a.md"
-    text = "(`free_blocks`, `v1/core/block_pool.py`, lines 4 and 20) (`x`, `v1/nope.py`, line 3)\n"
-    page.write_text(text)
-    record = citations.rewrite_file(page, tmp_path, wheel)
-    assert page.read_text() == text
-    assert [c.why for c in record] == ["several ranges: give each its own name",
-                                       "`v1/nope.py`: not a file of the wheel"]
