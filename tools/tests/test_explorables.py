@@ -110,7 +110,13 @@ def test_floor_div_is_pythons(budget_js, a, b):
 # context, or one max_model_len request that does not fit), 30 % leave no pool.
 _budget_settings = st.fixed_dictionaries({
     "gpu": st.sampled_from(list(budget.GPUS)),
-    "model": st.sampled_from(list(budget.MODELS)),
+    "gpu_mib": st.one_of(st.just(0), st.just(0), st.integers(1, 1_000_000), st.integers(8_000, 200_000)),
+    "model": st.sampled_from([*budget.MODELS, "custom"]),
+    "custom_layers": st.integers(1, 1_000),
+    "custom_kv_heads": st.one_of(st.sampled_from([1, 2, 4, 8, 16, 32]), st.integers(1, 1_000)),
+    "custom_head_dim": st.one_of(st.sampled_from([64, 128, 256]), st.integers(1, 4_096)),
+    "custom_params_b": st.one_of(st.integers(0, 20_000).map(lambda k: k / 10),
+                                 st.floats(min_value=0, max_value=2_000)),
     "dtype": st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
     "tensor_parallel_size": st.sampled_from([1, 2, 4, 8, 1, 2, 4, 8, 3, 16]),
     "gpu_memory_utilization": st.one_of(st.integers(50, 100).map(lambda k: k / 100),
@@ -126,12 +132,13 @@ _budget_settings = st.fixed_dictionaries({
 def budget_inputs(draw):
     """A setting; max_model_len mostly within the model's context, so the memory check gets to speak."""
     inputs = draw(_budget_settings)
-    context = budget.MODELS[inputs["model"]].native_context
+    context = budget.model_spec(explorables.budget_specs(inputs)[1]).native_context
     inputs["max_model_len"] = draw(st.one_of(st.sampled_from(explorables.BUDGET_MAX_MODEL_LENS),
                                              st.integers(1, 2**18), st.integers(context // 8, context),
                                              st.integers(context // 8, context)))
     if draw(st.integers(0, 2)) == 0:  # weights that leave a small pool (under 24 GiB per GPU)
-        per_gpu = (budget.GPUS[inputs["gpu"]].total_bytes * inputs["gpu_memory_utilization"] / budget.GiB
+        per_gpu = (budget.gpu_spec(explorables.budget_specs(inputs)[0]).total_bytes
+                   * inputs["gpu_memory_utilization"] / budget.GiB
                    - inputs["non_kv_gib"] - draw(st.floats(min_value=0.001, max_value=24)))
         inputs["weight_gib"] = max(0.0, per_gpu * inputs["tensor_parallel_size"])
     return inputs
@@ -177,6 +184,60 @@ def test_budget_module_reproduces_the_books_reference_and_refusals(budget_js):
     f = budget_js("compute", explorables.budget_inputs(crumbs, config), config)
     assert f == explorables.budget_figures(explorables.budget_inputs(crumbs, config))
     assert f["verdict"] == "refused" and f["message"] == budget.NO_MEMORY_MESSAGE
+
+
+def test_budget_module_sizes_a_servers_own_figures_as_the_library_does(budget_js):
+    """Typed figures: the non-KV GiB a server logged, a GPU's memory in MiB, a custom model's
+    shape (a Llama-3.1-8B typed in by hand sizes as the preset does)."""
+    config = explorables.budget_config()
+    ref = {"gpu": "H100 SXM 80GB", "model": "Llama-3.1-8B", "dtype": "bf16", "tensor_parallel_size": 1,
+           "gpu_memory_utilization": 0.92, "max_model_len": 32_768, "block_size": 16}
+    by_hand = {"model": "custom", "custom_layers": 32, "custom_kv_heads": 8, "custom_head_dim": 128,
+               "custom_params_b": 8.030261248}
+    cases = [{"non_kv_gib": 4.3}, {"gpu_mib": 46_068}, {"gpu_mib": 143_771, "gpu": "L4"},
+             {**by_hand, "non_kv_gib": 0.0}, {**by_hand, "tensor_parallel_size": 3},
+             {**by_hand, "custom_params_b": 70.6, "custom_layers": 80, "gpu_mib": 40_000}]
+    for case in cases:
+        inputs = explorables.budget_inputs({**ref, **case}, config)
+        assert budget_js("inputs", {**ref, **case}, config) == inputs
+        assert budget_js("compute", inputs, config) == explorables.budget_figures(inputs), case
+    f = lambda **v: explorables.budget_figures(explorables.budget_inputs({**ref, **v}, config))  # noqa: E731
+    assert ["non-KV allowance", "4.30 GiB"] in f(non_kv_gib=4.3)["rows"]
+    assert ["GPU memory", "140.40 GiB"] in f(gpu_mib=143_771, gpu="L4")["rows"]
+    assert f(gpu_mib=143_771, gpu="L4")["rows"] == f(gpu="H200")["rows"]
+    assert f(**by_hand)["rows"] == f()["rows"]
+    assert f(**by_hand, tensor_parallel_size=3)["message"] == (
+        "8 KV heads of the custom model do not split evenly across tensor_parallel_size=3")
+    big = f(**{**by_hand, "custom_params_b": 70.6, "custom_layers": 80, "gpu_mib": 40_000})
+    assert big["verdict"] == "invalid" and big["message"].startswith("no memory left for the KV cache: 39.06 GiB")
+
+
+def test_budget_module_refuses_a_bad_typed_figure_in_the_librarys_words(budget_js):
+    """Negative, too large, fractional where whole, or no number at all (an empty field reads as
+    NaN in the page, null once through JSON): the same refusal in both."""
+    config = explorables.budget_config()
+    ref = {"gpu": "H100 SXM 80GB", "model": "custom", "dtype": "bf16", "tensor_parallel_size": 1,
+           "gpu_memory_utilization": 0.92, "max_model_len": 32_768, "block_size": 16}
+    cases = [({"non_kv_gib": -1}, "non-KV GiB must be a number from 0 to 40"),
+             ({"non_kv_gib": None}, "non-KV GiB must be a number from 0 to 40"),
+             ({"non_kv_gib": "6"}, "non-KV GiB must be a number from 0 to 40"),
+             ({"non_kv_gib": 40.5}, "non-KV GiB must be a number from 0 to 40"),
+             ({"gpu_mib": -5}, "GPU MiB (0: preset) must be a whole number from 0 to 1,000,000"),
+             ({"gpu_mib": 80.5}, "GPU MiB (0: preset) must be a whole number from 0 to 1,000,000"),
+             ({"custom_layers": 0}, "custom layers must be a whole number from 1 to 1,000"),
+             ({"custom_kv_heads": None}, "custom KV heads must be a whole number from 1 to 1,000"),
+             ({"custom_head_dim": 12.5}, "custom head_dim must be a whole number from 1 to 4,096"),
+             ({"custom_params_b": -0.1}, "custom params (B) must be a number from 0 to 2,000")]
+    for case, message in cases:
+        inputs = explorables.budget_inputs({**ref, **case}, config)
+        expected = explorables.budget_figures(inputs)
+        assert expected == {"verdict": "invalid", "message": message, "rows": [], "log": [], "parts": []}
+        assert budget_js("compute", inputs, config) == expected, case
+        assert budget_js("render", expected, config) == explorables.render_budget(expected, config)
+    # a preset model ignores the custom fields, whatever they hold
+    preset = explorables.budget_inputs({**ref, "model": "Llama-3.1-8B", "custom_layers": -3}, config)
+    assert budget_js("compute", preset, config) == explorables.budget_figures(preset)
+    assert explorables.budget_figures(preset)["verdict"] == "ok"
 
 
 def test_the_static_output_is_the_default_settings_figures_and_the_controls_wait_for_the_script():

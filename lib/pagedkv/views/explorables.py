@@ -22,6 +22,7 @@ import hashlib
 import importlib.resources
 import itertools
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,13 +59,15 @@ def esc(text) -> str:
 
 @dataclass(frozen=True)
 class Control:
-    """One input: a ``<select>`` of ``options``, or a range ``(min, max, step)``."""
+    """One input: a ``<select>`` of ``options``, or a range ``(min, max, step)``:
+    a slider, or with ``number`` a field the reader types a figure into."""
 
     name: str
     label: str
     value: object
     options: Sequence | None = None
     range: tuple[float, float, float] | None = None
+    number: bool = False
 
     def html(self, dom_id: str) -> str:
         numbers = [self.value, *(self.range or ())]
@@ -76,6 +79,10 @@ class Control:
             opts = "".join(f"<option{' selected' if o == self.value else ''}>{esc(o)}</option>"
                            for o in self.options)
             field = f"<select {attrs}>{opts}</select>"
+        elif self.number:
+            lo, hi, step = self.range
+            field = (f"<input type='number' {attrs} min='{lo}' max='{hi}' step='{step}' "
+                     f"value='{self.value}'/>")
         else:
             lo, hi, step = self.range
             field = (f"<input type='range' {attrs} min='{lo}' max='{hi}' step='{step}' "
@@ -104,6 +111,7 @@ STYLE = """<style>
 .pkv-explorable label{font-family:monospace;font-size:13px}
 .pkv-explorable output{font-family:monospace;margin-left:6px}
 .pkv-explorable input[type=range]{vertical-align:middle;width:60%}
+.pkv-explorable input[type=number]{width:9em}
 .pkv-explorable select{width:auto}
 .pkv-explorable .pkv-verdict{margin:4px 0;padding:4px 6px;border-left:4px solid}
 .pkv-explorable .pkv-ok{border-color:#1b9e5a}
@@ -189,16 +197,34 @@ class Explorable:
 # ---------------------------------------------------------------- chapter 1: the budget
 
 
+# The figures a reader types: (input, label, min, max, whole number). ``gpu_mib``
+# 0 keeps the chosen GPU's memory; the ``custom_*`` fields shape the model
+# "custom" (its query heads taken as its KV heads, which KV sizing never reads).
+BUDGET_FIELDS = [("non_kv_gib", "non-KV GiB", 0, 40, False),
+                 ("gpu_mib", "GPU MiB (0: preset)", 0, 1_000_000, True),
+                 ("custom_layers", "custom layers", 1, 1_000, True),
+                 ("custom_kv_heads", "custom KV heads", 1, 1_000, True),
+                 ("custom_head_dim", "custom head_dim", 1, 4_096, True),
+                 ("custom_params_b", "custom params (B)", 0, 2_000, False)]
+CUSTOM = "custom"
+CUSTOM_CONTEXT = 131_072  # the custom model's context: the largest max_model_len offered
+BUDGET_DEFAULTS = {"non_kv_gib": 6.0, "gpu_mib": 0, "custom_layers": 32, "custom_kv_heads": 8,
+                   "custom_head_dim": 128, "custom_params_b": 8.0}
+
+
 def budget_config(non_kv_gib: float = 6.0, request_len: int = 612,
                   weights: dict[str, float] | None = None) -> dict:
-    """What the budget module needs besides the controls: the library's tables and the fixed inputs."""
+    """What the budget module needs besides the controls: the library's tables and the fixed inputs
+    (the typed fields' defaults, for a setting that leaves them out)."""
     return {
         "models": {name: dataclasses.asdict(m) for name, m in budget.MODELS.items()},
         "gpus": {name: g.total_mib for name, g in budget.GPUS.items()},
         "dtype_bytes": dict(budget.DTYPE_BYTES),
         "colors": dict(BUDGET_COLORS),
-        "fixed": {"non_kv_gib": non_kv_gib, "request_len": request_len},
+        "fixed": {**BUDGET_DEFAULTS, "non_kv_gib": non_kv_gib, "request_len": request_len},
         "weights": dict(weights or {}),
+        "fields": [list(f) for f in BUDGET_FIELDS],
+        "custom_context": CUSTOM_CONTEXT,
     }
 
 
@@ -209,10 +235,42 @@ def budget_inputs(values: dict, config: dict) -> dict:
     return inputs
 
 
+def budget_refusal(inputs: dict) -> str | None:
+    """Why a typed figure cannot be used (not a number, or out of its bounds), or None.
+    The custom model's fields count only when the model is "custom"."""
+    for name, label, lo, hi, whole in BUDGET_FIELDS:
+        if name.startswith("custom_") and inputs["model"] != CUSTOM:
+            continue
+        v = inputs.get(name)
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or not lo <= v <= hi or (whole and not float(v).is_integer())):
+            return f"{label} must be a {'whole ' if whole else ''}number from {lo:,} to {hi:,}"
+    return None
+
+
+def budget_specs(inputs: dict) -> tuple:
+    """The GPU and the model the setting names: a preset, or one built from the typed figures."""
+    gpu = inputs["gpu"]
+    if inputs["gpu_mib"]:
+        mib = int(inputs["gpu_mib"])
+        gpu = budget.GPUSpec(f"{mib:,} MiB", mib, 0.0)
+    model = inputs["model"]
+    if model == CUSTOM:
+        heads = int(inputs["custom_kv_heads"])
+        model = budget.ModelSpec("the custom model", int(inputs["custom_layers"]), heads, heads,
+                                 int(inputs["custom_head_dim"]), int(inputs["custom_params_b"] * 1e9),
+                                 CUSTOM_CONTEXT, CUSTOM_CONTEXT)
+    return gpu, model
+
+
 def budget_figures(inputs: dict) -> dict:
     """The library's figures for one setting of the calculator: the plan, the startup check, the log."""
+    refusal = budget_refusal(inputs)
+    if refusal:
+        return {"verdict": "invalid", "message": refusal, "rows": [], "log": [], "parts": []}
+    gpu, model = budget_specs(inputs)
     try:
-        p = budget.plan(gpu=inputs["gpu"], model=inputs["model"], dtype=inputs["dtype"],
+        p = budget.plan(gpu=gpu, model=model, dtype=inputs["dtype"],
                         gpu_memory_utilization=inputs["gpu_memory_utilization"],
                         non_kv_gib=inputs["non_kv_gib"], max_model_len=inputs["max_model_len"],
                         block_size=inputs["block_size"], request_len=inputs["request_len"],
@@ -261,22 +319,32 @@ def budget_explorer(gpu: str = "H100 SXM 80GB", model: str = budget.REFERENCE_MO
                     max_model_len: int = 32_768, block_size: int = 16, non_kv_gib: float = 6.0,
                     request_len: int = 612, weight_gib: float | None = None) -> Explorable:
     """Chapter 1's calculator in the page: GPU, model, KV dtype, tensor parallel size,
-    utilization, ``max_model_len`` and block size -> the pool, its blocks, the
-    concurrency vLLM logs and the startup check's verdict in vLLM's words.
+    utilization, ``max_model_len``, block size and the non-KV allowance -> the
+    pool, its blocks, the concurrency vLLM logs and the startup check's verdict
+    in vLLM's words.
 
     ``weight_gib`` (a logged figure, as ``BudgetCalculator`` takes it) belongs
     to ``model``; other models' weights come from their parameter counts.
+    The reader may type the non-KV GiB a server logged, a GPU's memory in MiB
+    (0: the chosen GPU's), and a model's shape (model "custom").
     """
     weights = {} if weight_gib is None else {model: weight_gib}
+    typed = {name: Control(name, label, BUDGET_DEFAULTS[name], number=True,
+                           range=(float(lo), float(hi), 0.1) if not whole else (lo, hi, 1))
+             for name, label, lo, hi, whole in BUDGET_FIELDS}
+    typed["non_kv_gib"] = dataclasses.replace(typed["non_kv_gib"], value=float(non_kv_gib))
     controls = [
         Control("gpu", "GPU", gpu, options=list(budget.GPUS)),
-        Control("model", "model", model, options=list(budget.MODELS)),
+        typed["gpu_mib"],
+        Control("model", "model", model, options=[*budget.MODELS, CUSTOM]),
+        *(typed[n] for n in ("custom_layers", "custom_kv_heads", "custom_head_dim", "custom_params_b")),
         Control("dtype", "KV dtype", dtype, options=["bf16", "fp16", "fp8", "fp32"]),
         Control("tensor_parallel_size", "tensor_parallel_size", tensor_parallel_size, options=[1, 2, 4, 8]),
         Control("gpu_memory_utilization", "gpu_memory_utilization", gpu_memory_utilization,
                 range=(0.5, 1.0, 0.01)),
         Control("max_model_len", "max_model_len", max_model_len, options=BUDGET_MAX_MODEL_LENS),
         Control("block_size", "block_size", block_size, options=[1, 8, 16, 32, 64, 128]),
+        typed["non_kv_gib"],
     ]
     return Explorable("budget", "Memory budget: move the controls", controls,
                       budget_config(non_kv_gib, request_len, weights))

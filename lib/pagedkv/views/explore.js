@@ -99,7 +99,9 @@ var pkvExplore = (typeof pkvExplore === 'object' && pkvExplore) || (function () 
     function values() {
       var v = {};
       controls.forEach(function (el) {
-        v[el.dataset.input] = el.dataset.type === 'str' ? el.value : Number(el.value);
+        // a number field left empty, or holding no number, reads '': NaN, never 0
+        v[el.dataset.input] = el.dataset.type === 'str' ? el.value
+          : el.value === '' ? NaN : Number(el.value);
         var shown = root.querySelector('output[for="' + el.id + '"]');
         if (shown) shown.textContent = el.value;
       });

@@ -7,12 +7,15 @@
    inputs. config carries the library's tables (models, GPUs, dtype bytes), so
    no spec is typed twice. Errors are vLLM's messages as budget.py words them.
 
-   inputs   gpu, model, dtype, tensor_parallel_size, gpu_memory_utilization,
-            non_kv_gib, max_model_len, block_size, request_len, weight_gib
-            (null: from the parameter count)
+   inputs   gpu, gpu_mib (0: the GPU's own), model (or 'custom', shaped by
+            custom_layers, custom_kv_heads, custom_head_dim, custom_params_b),
+            dtype, tensor_parallel_size, gpu_memory_utilization, non_kv_gib,
+            max_model_len, block_size, request_len, weight_gib (null: from
+            the parameter count)
    figures  verdict ('ok', 'refused': the startup check's message, 'invalid':
-            the pool is empty), message, rows (the plan's table), log (the two
-            INFO lines), parts (weights, non-KV, KV pool, headroom in GiB)
+            a typed figure out of bounds, or the pool is empty), message, rows
+            (the plan's table), log (the two INFO lines), parts (weights,
+            non-KV, KV pool, headroom in GiB)
 */
 pkvExplore.kinds.budget = (function (X) {
   'use strict';
@@ -35,9 +38,31 @@ pkvExplore.kinds.budget = (function (X) {
     return 1;
   }
 
+  // Why a typed figure cannot be used, or null: explorables.budget_refusal.
+  function refusal(inp, config) {
+    for (var i = 0; i < config.fields.length; i++) {
+      var f = config.fields[i], v = inp[f[0]];
+      if (f[0].indexOf('custom_') === 0 && inp.model !== 'custom') continue;
+      if (typeof v !== 'number' || !isFinite(v) || v < f[2] || v > f[3] || (f[4] && !Number.isInteger(v))) {
+        return f[1] + ' must be a ' + (f[4] ? 'whole ' : '') + 'number from ' + X.int(f[2]) + ' to ' +
+          X.int(f[3]);
+      }
+    }
+    return null;
+  }
+
+  // The model the setting names: a preset, or the custom one (explorables.budget_specs).
+  function model(inp, config) {
+    if (inp.model !== 'custom') return config.models[inp.model];
+    return {name: 'the custom model', num_layers: inp.custom_layers, num_kv_heads: inp.custom_kv_heads,
+            head_dim: inp.custom_head_dim, num_params: Math.trunc(inp.custom_params_b * 1e9),
+            native_context: config.custom_context};
+  }
+
   function plan(inp, config) {
-    var m = config.models[inp.model], tp = inp.tensor_parallel_size;
-    var total = config.gpus[inp.gpu] * 1024 * 1024, bytes = config.dtype_bytes[inp.dtype];
+    var m = model(inp, config), tp = inp.tensor_parallel_size;
+    var mib = inp.gpu_mib ? inp.gpu_mib : config.gpus[inp.gpu];
+    var total = mib * 1024 * 1024, bytes = config.dtype_bytes[inp.dtype];
     var util = inp.gpu_memory_utilization;
     var w = inp.weight_gib === null ? X.floorDiv(m.num_params * config.dtype_bytes.bf16, tp)
                                     : inp.weight_gib * GiB / tp;
@@ -111,7 +136,8 @@ pkvExplore.kinds.budget = (function (X) {
   }
 
   function compute(inp, config) {
-    var p;
+    var p, bad = refusal(inp, config);
+    if (bad) return {verdict: 'invalid', message: bad, rows: [], log: [], parts: []};
     try {
       p = plan(inp, config);
     } catch (e) {
@@ -126,8 +152,8 @@ pkvExplore.kinds.budget = (function (X) {
             parts: parts.map(function (kv) { return [kv[0], X.fixed(kv[1] / GiB, 2)]; })};
   }
 
-  // The controls' values, with what the page fixes: the non-KV allowance, the
-  // request length, and a logged weight figure for the model it belongs to.
+  // The controls' values, with what the page fixes: the request length, the
+  // typed figures' defaults, and a logged weight figure for its own model.
   function inputs(values, config) {
     var v = Object.assign({}, config.fixed, values);
     v.weight_gib = config.weights.hasOwnProperty(v.model) ? config.weights[v.model] : null;
