@@ -607,7 +607,7 @@ _EXPLORABLE_JS = r"""
           slider: controls.some(c => c.type === 'range'),
           controls: controls.map(c => ({name: c.dataset.input, type: c.dataset.type, value: c.value,
             options: c.tagName === 'SELECT' ? Array.from(c.options).map(o => o.value) : null,
-            range: c.type === 'range' ? [c.min, c.max, c.step] : null})),
+            range: ['range', 'number'].includes(c.type) ? [c.min, c.max, c.step] : null})),
           text: el.querySelector('.pkv-out').textContent};
 })(%d, %s)
 """
