@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["EngineFollower", "follow_engine", "unfollow", "on_cell_end", "stop_on_cell_end"]
+__all__ = ["EngineFollower", "FollowingView", "follow_engine", "unfollow", "on_cell_end", "stop_on_cell_end"]
 
 
 class EngineFollower:
@@ -85,3 +85,31 @@ def _ipython():
     except ImportError:  # pragma: no cover
         return None
     return get_ipython()
+
+
+class FollowingView:
+    """What a live view that follows a pool's events or an engine's steps shares.
+
+    The view keeps ``_engine`` (its ``EngineFollower`` or None), ``_unsubscribe``
+    (the pool subscription's undo, or None), ``_after_cell`` (its end-of-cell
+    redraw), ``widget`` and ``static_html()``; it defines ``attach()`` and
+    ``describe()`` (its ``text/plain``).
+    """
+
+    def close(self) -> None:
+        """Stop following the pool (or the engine)."""
+        unfollow(self._engine)
+        self._engine = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+            stop_on_cell_end(self._after_cell)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        self.attach()
+        data = {}
+        if self.widget is not None:
+            data.update(self.widget._repr_mimebundle_() or {})
+        data["text/plain"] = self.describe()
+        data["text/html"] = self.static_html()
+        return data

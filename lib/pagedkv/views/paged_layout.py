@@ -40,7 +40,7 @@ from ..block_table import BlockTable
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
-from .following import EngineFollower, follow_engine, on_cell_end, stop_on_cell_end, unfollow
+from .following import EngineFollower, FollowingView, follow_engine, on_cell_end
 from .style import COLORS, MONO_FONT, escape, fit, owner_color
 
 try:  # optional: the static rendering works without it
@@ -498,7 +498,7 @@ def _physical_tip(p: PhysicalBlock) -> str:
 
 
 # ------------------------------------------------------------- the live view
-class PagedLayoutView:
+class PagedLayoutView(FollowingView):
     """The picture, live in JupyterLab: redrawn as the pool changes and after every cell.
 
     Takes ``render_paged_layout``'s arguments. Displaying the view subscribes
@@ -574,20 +574,5 @@ class PagedLayoutView:
         if self._stale:
             self.refresh()
 
-    def close(self) -> None:
-        """Stop following the pool (or the engine)."""
-        unfollow(self._engine)
-        self._engine = None
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-            stop_on_cell_end(self._after_cell)
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        self.attach()
-        data = {}
-        if self.widget is not None:
-            data.update(self.widget._repr_mimebundle_() or {})
-        data["text/plain"] = "PagedLayoutView (PagedAttention's picture)"
-        data["text/html"] = self.static_html()
-        return data
+    def describe(self) -> str:
+        return "PagedLayoutView (PagedAttention's picture)"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ..block_pool import BlockPool
 from ..pool_events import PoolEvent
-from .following import EngineFollower, follow_engine, on_cell_end, stop_on_cell_end, unfollow
+from .following import EngineFollower, FollowingView, follow_engine, on_cell_end
 from .owners import Owners
 from .pool_picture import render_pool
 
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides the mod
 __all__ = ["BlockPoolView"]
 
 
-class BlockPoolView:
+class BlockPoolView(FollowingView):
     """A live picture of a pool: redrawn as code mutates it, throttled.
 
     Displaying the view subscribes it to the pool. Each mutation then marks
@@ -98,20 +98,5 @@ class BlockPoolView:
         if self._stale:
             self.refresh()
 
-    def close(self) -> None:
-        """Stop following the pool (or the engine)."""
-        unfollow(self._engine)
-        self._engine = None
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-            stop_on_cell_end(self._after_cell)
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        self.attach()
-        data = {}
-        if self.widget is not None:
-            data.update(self.widget._repr_mimebundle_() or {})
-        data["text/plain"] = f"BlockPoolView of a {self.pool.num_gpu_blocks}-block pool"
-        data["text/html"] = self.static_html()
-        return data
+    def describe(self) -> str:
+        return f"BlockPoolView of a {self.pool.num_gpu_blocks}-block pool"
