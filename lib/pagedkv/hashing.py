@@ -15,8 +15,13 @@ Public API (stable; other modules build on it):
   SHA-256 digest, as made here, or an int (the pool takes both).
 - ``NONE_HASH``: the parent of every first block. Fixed, not random, so hashes
   (and every output that shows them) are the same in every process and on every
-  machine. (vLLM draws it at random unless ``PYTHONHASHSEED`` is set; we choose
-  reproducibility.)
+  machine. So is vLLM 0.33.0's under its default algorithm, sha256: it derives
+  ``NONE_HASH`` from the fixed seed ``"vllm-none-hash"``, and draws a random
+  seed only for the non-cryptographic xxhash variants, whose collision
+  resistance rests on the seed staying secret; ``PYTHONHASHSEED``, when set,
+  overrides both (``resolve_none_hash_seed``,
+  ``v1/core/kv_cache_utils.py:117-130``). Our value differs from vLLM's (our
+  seed and byte encoding are our own), so the two never share hashes.
 - ``hash_block_tokens(parent_block_hash, curr_block_token_ids, extra_keys=None)``
   -> ``BlockHash``.
 - ``hash_checked_block_tokens(parent, tokens, extra_keys=None)``: the same,
