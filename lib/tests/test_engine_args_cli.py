@@ -5,7 +5,7 @@ import torch
 
 from pagedkv import budget
 from pagedkv.engine import EngineArgs, LLMEngine
-from pagedkv.engine.args import KV_CACHE_DTYPES, VLLM_SERVE_DEFAULTS, vllm_default_limits
+from pagedkv.engine.args import KV_CACHE_DTYPES, VLLM_GPU_CLASSES, VLLM_SERVE_DEFAULTS, vllm_default_limits
 
 
 def test_tp_and_fp8_are_fields_with_vllms_defaults_and_flags():
@@ -27,12 +27,14 @@ def test_only_changed_leaves_out_vllms_defaults():
     cli = a.to_cli("meta-llama/Llama-3.1-70B-Instruct", only_changed=True, gpu_class="H100/H200")
     assert cli.split(" \\\n  ") == [
         "vllm serve meta-llama/Llama-3.1-70B-Instruct", "--gpu-memory-utilization 0.9",
-        "--max-model-len 32768", "--max-num-seqs 256", "--tensor-parallel-size 4", "--kv-cache-dtype fp8"]
-    for absent in ("--seed", "--watermark", "--block-size", "--enable-prefix-caching",
+        "--max-model-len 32768", "--tensor-parallel-size 4", "--kv-cache-dtype fp8"]
+    for absent in ("--seed", "--watermark", "--block-size", "--enable-prefix-caching", "--max-num-seqs",
                    "--max-num-batched-tokens", "--scheduler-reserve-full-isl"):
         assert absent not in cli
-    # On a GPU below the H100 class `vllm serve` batches 2,048 tokens: ours (8,192) is said.
-    assert "--max-num-batched-tokens 8192" in a.to_cli(only_changed=True)
+    # Issue 42 item 5: the offline class's 8,192 that EngineArgs() runs with is
+    # nobody's choice; set by hand on a GPU where `vllm serve` batches 2,048, it is said.
+    assert "--max-num-batched-tokens" not in a.to_cli(only_changed=True)
+    assert "--max-num-batched-tokens 8192" in a.replace(max_num_batched_tokens=8192).to_cli(only_changed=True)
     assert EngineArgs(max_num_seqs=1024, max_num_batched_tokens=16384).to_cli(
         only_changed=True, gpu_class=">=160 GiB") == "vllm serve MODEL"
     off = EngineArgs(enable_prefix_caching=False, seed=1).to_cli(only_changed=True, gpu_class="H100/H200")
@@ -76,3 +78,47 @@ def test_fp8_halves_a_blocks_bytes_so_the_plan_doubles_the_requests():
     bf16, fp8 = budget.plan(**kw), budget.plan(**kw, dtype="fp8")
     assert (bf16.paged_ceiling, fp8.paged_ceiling) == (171, 342)
     assert budget.block_bytes("Llama-3.1-70B", 16, "fp8", 4) * 2 == budget.block_bytes("Llama-3.1-70B", 16, "bf16", 4)
+
+
+def _serve_default_args(gpu_class):
+    d = EngineArgs().vllm_defaults(gpu_class)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@pytest.mark.parametrize("gpu_class", VLLM_GPU_CLASSES)
+def test_only_changed_says_nothing_for_defaults_on_every_gpu_class(gpu_class):
+    """Issue 42 item 5: EngineArgs() and every field set to `vllm serve`'s own
+    default for the class give a bare command; each field set to something
+    else gives exactly its flag."""
+    assert EngineArgs().to_cli("m", only_changed=True, gpu_class=gpu_class) == "vllm serve m"
+    serve = _serve_default_args(gpu_class)
+    assert EngineArgs(**serve).to_cli("m", only_changed=True, gpu_class=gpu_class) == "vllm serve m"
+    seqs, tokens = vllm_default_limits("serve", gpu_class)
+    assert (serve["max_num_seqs"], serve["max_num_batched_tokens"]) == (seqs, tokens)
+    table = {f: flag for f, flag, _ in EngineArgs().cli_table()}
+    others = {"block_size": 32, "gpu_memory_utilization": 0.8, "max_model_len": 4096,
+              "max_num_seqs": 64, "max_num_batched_tokens": 4096, "enable_prefix_caching": False,
+              "enable_chunked_prefill": False, "scheduler_reserve_full_isl": False, "watermark": 0.01,
+              "num_gpu_blocks_override": 100, "kv_cache_memory_bytes": 2**30, "prefix_match_unit": 16,
+              "seed": 7, "tensor_parallel_size": 2, "kv_cache_dtype": "fp8"}
+    assert set(others) == set(VLLM_SERVE_DEFAULTS) | {"max_num_seqs", "max_num_batched_tokens"}
+    for name, value in others.items():
+        args = EngineArgs(**{"max_num_batched_tokens": 8192, **{name: value}}) \
+            if name in ("enable_chunked_prefill",) else EngineArgs(**{name: value})
+        cli = args.to_cli("m", only_changed=True, gpu_class=gpu_class).split(" \\\n  ")[1:]
+        flags = [part.split(" ")[0] for part in cli]
+        want = table[name] if not isinstance(value, bool) else "--no-" + table[name][2:]
+        assert want in flags, (name, cli)
+        extra = [f for f in flags if f != want]
+        if name == "enable_chunked_prefill" and tokens != 8192:
+            assert extra == ["--max-num-batched-tokens"], cli
+        else:
+            assert extra == [], (name, cli)
+
+
+def test_set_by_hand_survives_replace():
+    a = EngineArgs(seed=3)
+    assert a.set_by_hand == {"seed"}
+    b = a.replace(max_num_seqs=64)
+    assert b.set_by_hand == {"seed", "max_num_seqs"} and b == EngineArgs(seed=3, max_num_seqs=64)
+    assert EngineArgs(16).set_by_hand == {"block_size"}

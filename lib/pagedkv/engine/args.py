@@ -13,6 +13,7 @@ configuration next to a real server's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -263,8 +264,17 @@ class EngineArgs:
         return self.kernel_backend
 
     def replace(self, **changes) -> "EngineArgs":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again); the fields set
+        by hand are this one's and ``changes``."""
+        copy = dataclasses.replace(self, **changes)
+        object.__setattr__(copy, "_set_by_hand", self.set_by_hand | frozenset(changes))
+        return copy
+
+    @property
+    def set_by_hand(self) -> frozenset[str]:
+        """The fields given to the constructor (or to :meth:`replace`), not
+        left at their defaults: what ``to_cli(only_changed=True)`` may say."""
+        return getattr(self, "_set_by_hand", frozenset(f.name for f in dataclasses.fields(self)))
 
     # ----------------------------------------------------------------- the CLI
     def cli_table(self) -> list[tuple[str, str, str]]:
@@ -304,11 +314,18 @@ class EngineArgs:
     def to_cli(self, model: str = "MODEL", only_changed: bool = False, gpu_class: str = "other") -> str:
         """The ``vllm serve`` command line for these args (fields left at None are omitted).
 
-        ``only_changed``: leave out every field equal to what ``vllm serve``
-        0.33.0 would use without the flag on a GPU of ``gpu_class`` (one of
-        ``VLLM_GPU_CLASSES``; :meth:`vllm_defaults`), so that the command
-        says only what one chose. The tensor-parallel size and the KV cache
-        dtype are left out at 1 and ``"auto"`` either way.
+        ``only_changed``: say only what one chose, measured against what
+        ``vllm serve`` 0.33.0 would use without the flag on a GPU of
+        ``gpu_class`` (one of ``VLLM_GPU_CLASSES``; :meth:`vllm_defaults`).
+        A field left at its default is vLLM's default, and ``vllm serve``
+        picks its own: ``EngineArgs()``'s 256 sequences and 8,192 tokens are
+        the offline ``LLM`` class's numbers, and the command leaves them out,
+        so that the server uses its class's (2,048 tokens below the H100
+        class). A field set by hand (:attr:`set_by_hand`) is left out when it
+        equals the server's default, and said otherwise. The tensor-parallel
+        size and the KV cache dtype are left out at 1 and ``"auto"`` either
+        way. Without ``only_changed`` every field is said, the engine's own
+        values included.
 
         Refuses (``ValueError``, naming the rule) args that vLLM 0.33.0 would
         refuse at startup; see :meth:`vllm_refusals`.
@@ -323,6 +340,8 @@ class EngineArgs:
             flag, value = CLI_FLAGS[f.name], getattr(self, f.name)
             if flag is None or value is None:
                 continue
+            if only_changed and f.name not in self.set_by_hand:
+                continue
             quiet = only_changed or f.name in ("tensor_parallel_size", "kv_cache_dtype")
             if quiet and defaults[f.name] == value and type(defaults[f.name]) is type(value):
                 continue
@@ -331,3 +350,19 @@ class EngineArgs:
             else:
                 parts.append(f"{flag} {value}")
         return " \\\n  ".join(parts)
+
+
+def _recording_fields_set_by_hand(init):
+    """Wrap the dataclass's ``__init__`` so that an ``EngineArgs`` knows which
+    fields were given (:attr:`EngineArgs.set_by_hand`)."""
+    names = [f.name for f in dataclasses.fields(EngineArgs)]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        given = frozenset(names[:len(args)]) | frozenset(kwargs)
+        object.__setattr__(self, "_set_by_hand", given)
+    return __init__
+
+
+EngineArgs.__init__ = _recording_fields_set_by_hand(EngineArgs.__init__)
