@@ -235,3 +235,73 @@ def test_the_book_notebooks_citations_hold_against_0_33_0():
     problems, counts = citations.check(pages, versions.ROOT, {citations.VLLM.key: _real(citations.VLLM.version),
                                                               citations.SGLANG.key: None})
     assert problems == [] and counts["checked"][citations.VLLM.key] >= 10
+
+
+def _free_rule(source: str) -> str:
+    """Which rule a release's ``BlockPool.free_blocks`` ships, read from its code:
+    "tail" (every freed block appended), "tail when caching is off" (unhashed
+    blocks prepended, but only with caching on) or "head" (unhashed blocks, and
+    every block with caching off, prepended)."""
+    start = source.index("    def free_blocks(")
+    end = source.find("\n    def ", start + 1)
+    body = source[start:end if end > 0 else None]
+    if "blocks_without_hash" not in body and "blocks_to_evict_first" not in body:
+        return "tail"
+    if "block.block_hash is None and self.enable_caching" in body:
+        return "tail when caching is off"
+    assert ("block.block_hash is None or not self.enable_caching" in body
+            or "if block.block_hash is None:" in body), body
+    return "head"
+
+
+FREE_RULE_VALUES = {  # what each rule makes of the matrix's two free-queue claims
+    "tail": ("no: all to the tail", "no: all to the tail"),
+    "tail when caching is off": ("yes", "no: all to the tail"),
+    "head": ("yes", "yes"),
+}
+
+
+def test_the_free_queue_history_is_read_release_by_release():
+    # Issue 42: the head rule held with caching on from 0.24.0, but 0.27.x (vLLM
+    # PR #48017, undone by #51482 in 0.28.0) sent every freed block to the tail
+    # with caching off. The matrix's cells must name each change exactly, with
+    # no "between", and they must agree with the rule each cell's release ships.
+    from pagedkv.views.operator import changed_in
+
+    m = versions.load_matrix()
+    rows = [r for r in m["rows"] if "free queue's head" in r["claim"]]
+    assert [r["claim"].startswith("with prefix caching off") for r in rows] == [False, True]
+    assert changed_in(rows[0], m["pypi_order"]) == "0.24.0"
+    assert changed_in(rows[1], m["pypi_order"]) == "0.24.0; 0.27.0; 0.28.0"
+    for column, row in enumerate(rows):
+        for cell in row["cells"]:
+            source = "\n".join(_real(cell["release"]).lines("v1/core/block_pool.py"))
+            value = FREE_RULE_VALUES[_free_rule(source)][column]
+            assert cell["value"].split(":")[0] == value.split(":")[0], cell
+
+
+def test_releases_between_the_free_queue_cells_agree_with_them_when_cached():
+    # The releases the matrix does not list between two cells of equal value
+    # (0.25.x; 0.30.0 to 0.32.0) were read too: where their wheels are cached,
+    # each must ship the rule of the cells around it. Not downloaded under CI.
+    m = versions.load_matrix()
+    order = m["pypi_order"]
+    off = next(r for r in m["rows"] if r["claim"].startswith("with prefix caching off"))
+    cells = {c["release"]: c["value"] for c in off["cells"]}
+    first, last = order.index(off["cells"][0]["release"]), order.index(off["cells"][-1]["release"])
+    read = 0
+    for i in range(first, last + 1):
+        v = order[i]
+        if v in cells:
+            continue
+        before = max((c for c in cells if order.index(c) < i), key=order.index)
+        after = min((c for c in cells if order.index(c) > i), key=order.index)
+        assert cells[before] == cells[after], f"{v} sits between cells that differ"
+        found = versions.open_wheel(v, "manylinux_2_28_x86_64", download=False)
+        if isinstance(found, str):
+            continue
+        rule = _free_rule("\n".join(found.lines("v1/core/block_pool.py")))
+        assert FREE_RULE_VALUES[rule][1].split(":")[0] == cells[before].split(":")[0], v
+        read += 1
+    if read == 0:
+        pytest.skip("no wheel between the free-queue cells is cached")
