@@ -46,7 +46,8 @@ LAYERS = [
     {"block_pool"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},
-    {"block_table"},
+    {"request_state", "staged_write"},
+    {"block_table", "block_tables"},
     {"model"},
     {"engine"},
 ]

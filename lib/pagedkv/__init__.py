@@ -7,7 +7,7 @@ The package is a core a reader studies, with rooms around it::
      sim     |       |            what the chapters simulate: imports the core only
       |      |       |
     core: common, budget, hashing -> block_pool -> kv_cache_manager, token_pool
-          -> kernels -> block_table -> model -> engine
+          -> kernels -> request_state, staged_write -> block_table(s) -> model -> engine
           (each module imports only what stands to its left)
 
 ``lib/tests/test_architecture.py`` enforces the rule on every import.
@@ -37,6 +37,9 @@ _SUBMODULES = {
     "request",
     "kv_cache_manager",
     "block_table",
+    "request_state",
+    "staged_write",
+    "block_tables",
     "token_pool",
     "kernels",
     "model",
