@@ -131,8 +131,41 @@ def blocks_per_request(request_len: int, block_size: int) -> int:
 
 
 def paged_ceiling(num_blocks: int, request_len: int, block_size: int) -> int:
-    """Concurrent requests of ``request_len`` tokens a paged pool of ``num_blocks`` can hold."""
-    return check_int(num_blocks, "num_blocks", 0) // blocks_per_request(request_len, block_size)
+    """Requests of ``request_len`` tokens that fit at once: what actually runs.
+
+    ``num_blocks`` is the pool's count as vLLM allocates it, the null block
+    included (:func:`num_gpu_blocks`); the null block never holds a token, so
+    ``(num_blocks - 1) // cdiv(request_len, block_size)`` requests run at
+    full length together. vLLM's own "Maximum concurrency" line divides all
+    ``num_blocks`` instead (:func:`logged_max_concurrency`) and can say one
+    more: 3,675 blocks and 8,400-token requests log 7.00x while 6 fit.
+    """
+    usable = max(check_int(num_blocks, "num_blocks", 0) - 1, 0)
+    return usable // blocks_per_request(request_len, block_size)
+
+
+def logged_max_concurrency(num_blocks: int, max_model_len: int, block_size: int) -> float:
+    """What vLLM 0.33.0 logs as "Maximum concurrency for L tokens per request".
+
+    ``num_blocks / cdiv(max_model_len, block_size)``, a float, with every
+    block counted, the null block included
+    (``get_max_concurrency_for_kv_cache_config`` in
+    ``v1/core/kv_cache_utils.py``, one KV-cache group). It is the log's
+    figure, not a count of requests: :func:`paged_ceiling` is what fits.
+    """
+    check_int(num_blocks, "num_blocks", 0)
+    return num_blocks / blocks_per_request(check_int(max_model_len, "max_model_len", 1), block_size)
+
+
+def logged_kv_cache_tokens(num_blocks: int, max_model_len: int, block_size: int) -> int:
+    """The "GPU KV cache size: N tokens" that vLLM 0.33.0 logs.
+
+    ``int(num_blocks / cdiv(L, B) * L)`` for ``L = max_model_len``: the
+    logged concurrency times the length, truncated. It equals ``num_blocks x
+    block_size`` only when ``L`` is a multiple of ``B``: 2,000 blocks at
+    ``max_model_len`` 32,760 print 31,992 tokens, not 32,000.
+    """
+    return int(logged_max_concurrency(num_blocks, max_model_len, block_size) * max_model_len)
 
 
 def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_model_len: int,
@@ -264,6 +297,13 @@ class BudgetPlan:
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
 
     @property
+    def logged_max_concurrency(self) -> float:
+        """vLLM's "Maximum concurrency for ``max_model_len`` tokens per
+        request" (all blocks, the null block included); ``paged_ceiling`` is
+        what fits."""
+        return logged_max_concurrency(self.num_blocks, self.max_model_len, self.block_size)
+
+    @property
     def headroom_bytes(self) -> float:
         """Memory the engine leaves alone: total * (1 - utilization)."""
         return self.total_bytes * (1 - self.gpu_memory_utilization)
@@ -299,19 +339,21 @@ def startup_log_lines(p: BudgetPlan) -> list[str]:
     and ``update_kv_cache_capacity`` in ``v1/core/kv_cache_utils.py``).
     Compare them with a real server's log.
     """
-    concurrency = p.num_blocks / cdiv(p.max_model_len, p.block_size)
+    concurrency = p.logged_max_concurrency
+    tokens = logged_kv_cache_tokens(p.num_blocks, p.max_model_len, p.block_size)
     return [f"Available KV cache memory: {format_gib(p.pool_bytes)} GiB",
-            f"GPU KV cache size: {int(concurrency * p.max_model_len):,} tokens, "
+            f"GPU KV cache size: {tokens:,} tokens, "
             f"Maximum concurrency for {p.max_model_len:,} tokens per request: {concurrency:.2f}x"]
 
 
 def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
          model: str | ModelSpec = REFERENCE_MODEL, dtype: str = "bf16",
-         gpu_memory_utilization: float = 0.92, non_kv_gib: float = 6.0,
+         gpu_memory_utilization: float = 0.92, non_kv_gib: float | None = None,
          max_model_len: int = 32_768, block_size: int = 16,
          request_len: int = 612, weight_gib: float | None = None,
          weight_dtype: str = "bf16",
-         tensor_parallel_size: int = 1) -> BudgetPlan:
+         tensor_parallel_size: int = 1, *,
+         logged_non_kv_gib: float | None = None) -> BudgetPlan:
     """Size a pool end to end: one GPU's, for ``tensor_parallel_size`` GPUs.
 
     ``weight_gib`` overrides the whole model's weights computed from the
@@ -319,8 +361,22 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
     weights and its share of the KV heads (:func:`kv_heads_per_rank`: split,
     or replicated once there are more ranks than KV heads), and sizes its own
     pool from its own GPU as below; every figure of the plan is per rank.
-    ``non_kv_gib`` is each rank's allowance: activations and CUDA graphs,
-    weights excluded (from a server's log: :attr:`StartupLog.allowance_gib`).
+    The memory that is not the pool comes in one of two forms, never both:
+
+    * ``non_kv_gib`` (default 6.0): each rank's *allowance*, weights
+      excluded: activation peak, non-torch memory, CUDA graphs. The pool is
+      ``total x utilization - weights - non_kv_gib``. From a server's log:
+      :attr:`StartupLog.allowance_gib`.
+    * ``logged_non_kv_gib``: everything the budget gave besides the pool,
+      *weights included*, as a server logs it:
+      :attr:`StartupLog.derived_non_kv_gib`, which is the requested memory
+      minus "Available KV cache memory", or the DEBUG line "Total non KV
+      cache memory" plus the CUDA-graph estimate (that line leaves the
+      estimate out). The pool is ``total x utilization -
+      logged_non_kv_gib``: the weights are not subtracted again; the plan's
+      allowance is that figure minus the weights, and a figure below the
+      weights is refused (it cannot hold them).
+
     ``model`` may be a Hugging Face ``config.json`` dict; ``dtype`` (the KV
     cache's) and ``weight_dtype`` may be ``"auto"``, the checkpoint's dtype.
     """
@@ -331,7 +387,7 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
         w = weight_bytes(m, weight_dtype, tp)
     else:
         w = check_real(weight_gib, "weight_gib", minimum=0) * GiB / tp
-    non_kv = check_real(non_kv_gib, "non_kv_gib", minimum=0) * GiB
+    non_kv = non_kv_allowance_bytes(w, non_kv_gib, logged_non_kv_gib)
     pool = kv_pool_bytes(g.total_bytes, gpu_memory_utilization, w, non_kv)
     blocks = num_gpu_blocks(pool, m, block_size, dtype, tp)
     per_token = kv_bytes_per_token(m, dtype, tp)
@@ -349,6 +405,27 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
         paged_ceiling=paged_ceiling(blocks, request_len, block_size),
         tensor_parallel_size=tp, spec=m,
     )
+
+
+def non_kv_allowance_bytes(weight_bytes: float, non_kv_gib: float | None = None,
+                           logged_non_kv_gib: float | None = None) -> float:
+    """The non-KV allowance in bytes, weights excluded, from one of the two
+    figures :func:`plan` takes (``non_kv_gib`` as an allowance, default 6.0;
+    ``logged_non_kv_gib`` as a server logged it, weights included)."""
+    if non_kv_gib is not None and logged_non_kv_gib is not None:
+        raise ValueError(
+            f"give non_kv_gib (weights excluded) or logged_non_kv_gib (weights included, as "
+            f"logged), not both: got non_kv_gib={non_kv_gib!r} and "
+            f"logged_non_kv_gib={logged_non_kv_gib!r}")
+    if logged_non_kv_gib is None:
+        return check_real(6.0 if non_kv_gib is None else non_kv_gib, "non_kv_gib", minimum=0) * GiB
+    logged = check_real(logged_non_kv_gib, "logged_non_kv_gib", minimum=0) * GiB
+    if logged < weight_bytes:
+        raise ValueError(
+            f"logged_non_kv_gib must hold the weights ({weight_bytes / GiB:.2f} GiB per GPU), got "
+            f"{logged_non_kv_gib!r}: the logged figure includes them; an allowance without the "
+            f"weights goes in non_kv_gib")
+    return logged - weight_bytes
 
 
 def pool_from_free_memory(model: str | ModelSpec = REFERENCE_MODEL,

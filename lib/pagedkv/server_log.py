@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 from .budget import (GiB, KiB, BudgetPlan, ModelSpec, block_bytes, blocks_per_request, format_gib,
-                     model_spec, resolve_kv_dtype, startup_log_lines)
-from .common import cdiv, check_int
+                     model_spec, paged_ceiling, resolve_kv_dtype, startup_log_lines)
+from .common import cdiv, check_int, check_real
 
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
@@ -29,6 +29,8 @@ _LOG_PATTERNS = {
     "concurrency": re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x"),
     "free_total": re.compile(r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup"),
     "utilization": re.compile(r"Desired GPU memory utilization is \(" + _NUM + ", " + _NUM + " GiB\\)"),
+    "cudagraph_estimate_gib": re.compile(r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM
+                                         + r" GiB \(estimated\)"),
     "actual_usage": re.compile(r"Actual usage is " + _NUM + r" GiB for consumed memory \(weights \+ "
                                r"non-torch\), " + _NUM + r" GiB for peak activation, and " + _NUM
                                + r" GiB for CUDAGraph memory"),
@@ -49,7 +51,12 @@ class StartupLog:
       weights on this rank.
     * ``non_kv_gib``: "Total non KV cache memory: X GiB" (DEBUG: only with
       ``VLLM_LOGGING_LEVEL=DEBUG``): weights, non-torch memory and the
-      activation peak of the profiling pass.
+      activation peak of the profiling pass. Not the CUDA-graph estimate:
+      vLLM profiles the graphs after this figure is taken and subtracts
+      their estimate from the budget separately.
+    * ``cudagraph_estimate_gib``: the estimate in "CUDA graph pool memory: X
+      GiB (actual), Y GiB (estimated)" (INFO, printed after the graphs are
+      captured, when the estimate was not 0).
     * ``available_kv_gib``: "Available KV cache memory: X GiB" (INFO): the pool.
     * ``kv_cache_tokens``, ``max_model_len``, ``max_concurrency``: "GPU KV cache
       size: N tokens, Maximum concurrency for L tokens per request: C x" (INFO).
@@ -73,21 +80,32 @@ class StartupLog:
     consumed_gib: float | None = None
     activation_gib: float | None = None
     cudagraph_gib: float | None = None
+    cudagraph_estimate_gib: float | None = None
 
     @property
     def derived_non_kv_gib(self) -> float | None:
-        """What the budget gave everything but the pool: the DEBUG line's
-        figure, else requested - available (both INFO), else None."""
-        if self.non_kv_gib is not None:
-            return self.non_kv_gib
+        """What the budget gave everything but the pool, weights included:
+        what :func:`pagedkv.budget.plan` takes as ``logged_non_kv_gib``.
+
+        vLLM 0.33.0's pool is ``requested - non-KV - CUDA-graph estimate``,
+        so this is, in order of preference: requested - available (both
+        INFO, exact to the log's rounding); else the DEBUG line's "Total non
+        KV cache memory" plus the estimate of the "CUDA graph pool memory"
+        line; else None. The DEBUG line alone is not enough: it leaves out
+        the estimate, which is on by default, and a log without the estimate
+        line does not say whether it was 0.
+        """
         if self.requested_gib is not None and self.available_kv_gib is not None:
             return round(self.requested_gib - self.available_kv_gib, 2)
+        if self.non_kv_gib is not None and self.cudagraph_estimate_gib is not None:
+            return round(self.non_kv_gib + self.cudagraph_estimate_gib, 2)
         return None
 
     @property
     def allowance_gib(self) -> float | None:
         """Non-KV memory without the weights: what :func:`plan` calls
-        ``non_kv_gib`` (activation peak, non-torch memory, CUDA graphs)."""
+        ``non_kv_gib`` (activation peak, non-torch memory, CUDA-graph
+        estimate): :attr:`derived_non_kv_gib` minus "Model loading took"."""
         total = self.derived_non_kv_gib
         if total is None or self.model_loading_gib is None:
             return None
@@ -114,6 +132,8 @@ def read_startup_log(text: str) -> StartupLog:
             found["free_gib"], found["total_gib"] = _number(last[0]), _number(last[1])
         elif key == "utilization":
             found["gpu_memory_utilization"], found["requested_gib"] = _number(last[0]), _number(last[1])
+        elif key == "cudagraph_estimate_gib":
+            found[key] = _number(last[1])
         elif key == "actual_usage":
             found["consumed_gib"], found["activation_gib"], found["cudagraph_gib"] = map(_number, last)
         elif key == "kv_cache_tokens":
@@ -220,27 +240,59 @@ def size_from_log(log: str | StartupLog, model: str | ModelSpec, request_len: in
     return LogSizing(model=m.name, kv_cache_dtype=str(dtype), tensor_parallel_size=tp, block_size=block_size,
                      pool_bytes=pool, block_bytes=per_block, num_blocks=blocks, blocks_from_pool=from_pool,
                      request_len=request_len, blocks_per_request=per_request,
-                     concurrency=max(blocks - 1, 0) // per_request, non_kv_gib=entry.derived_non_kv_gib,
+                     concurrency=paged_ceiling(blocks, request_len, block_size), non_kv_gib=entry.derived_non_kv_gib,
                      log=entry)
 
 
 def server_log_lines(p: BudgetPlan, load_seconds: float = 0.0, profile_seconds: float = 0.0,
-                     kv_cache_device: str = "GPU") -> list[str]:
+                     kv_cache_device: str = "GPU", cudagraph_gib: float = 0.0) -> list[str]:
     """The startup lines vLLM 0.33.0 prints for a plan, as :func:`read_startup_log` reads them.
 
-    The model-loading line (INFO), the profiling result (DEBUG; its other
-    figures, which this module does not model, are left out), the pool
-    (INFO) and the capacity line (INFO), in the order a server prints them.
-    The non-KV allowance is modelled as the torch peak increase alone.
-    These are *our* arithmetic in vLLM's words: on a real server, read its
-    own lines instead.
+    In the order a server prints them: the model-loading line (INFO), the
+    profiling result (DEBUG), the pool and the capacity line (INFO), the
+    CUDA-graph line (INFO, only when ``cudagraph_gib`` > 0) and the usage
+    summary after capture (INFO, "Free memory on device ... Actual usage
+    is ...").
+
+    The plan's non-KV allowance is split as vLLM splits it: ``cudagraph_gib``
+    of it is the CUDA-graph estimate (its actual pool taken equal to it) and
+    the rest the activation peak, which is all the DEBUG line's "Total non KV
+    cache memory" adds to the weights (non-torch memory is modelled as 0, and
+    the GPU as idle at startup: free = total). These are *our* arithmetic in
+    vLLM's words: on a real server, read its own lines instead.
     """
-    w, a = format_gib(p.weight_bytes), format_gib(p.non_kv_bytes)
+    graphs = check_real(cudagraph_gib, "cudagraph_gib", minimum=0) * GiB
+    if graphs > p.non_kv_bytes:
+        raise ValueError(f"cudagraph_gib must be at most the plan's non-KV allowance "
+                         f"({p.non_kv_bytes / GiB:.2f} GiB), got {cudagraph_gib!r}")
+    activation = p.non_kv_bytes - graphs
+    w = format_gib(p.weight_bytes)
     lines = [f"Model loading took {w} GiB memory and {load_seconds:.6f} seconds",
              f"Memory profiling takes {profile_seconds:.2f} seconds. Total non KV cache memory: "
-             f"{format_gib(p.weight_bytes + p.non_kv_bytes)}GiB; torch peak memory increase: {a}GiB; "
-             f"total consumed (from mem_get_info): {w}GiB; weights memory: {w}GiB.",
+             f"{format_gib(p.weight_bytes + activation)}GiB; torch peak memory increase: "
+             f"{format_gib(activation)}GiB; total consumed (from mem_get_info): {w}GiB; "
+             f"weights memory: {w}GiB.",
              *startup_log_lines(p)]
     if kv_cache_device != "GPU":
         lines[-1] = lines[-1].replace("GPU KV cache size", f"{kv_cache_device} KV cache size", 1)
+    if graphs > 0:
+        g = format_gib(graphs)
+        lines.append(f"CUDA graph pool memory: {g} GiB (actual), {g} GiB (estimated), "
+                     f"difference: 0.0 GiB (0.0%).")
+    # vLLM's summary adds the actual graph pool to a peak that already holds
+    # the estimate, then keeps 150 MiB spare (gpu_worker.py, compile_or_warm_up).
+    requested = math.ceil(p.total_bytes * p.gpu_memory_utilization)
+    non_kv = p.weight_bytes + activation + 2 * graphs
+    to_requested = int(requested - non_kv - 150 * 2**20)
+    to_gpu = int(p.total_bytes - non_kv - 150 * 2**20)
+    total = format_gib(p.total_bytes)
+    lines.append(
+        f"Free memory on device ({total}/{total} GiB) on startup. Desired GPU memory utilization is "
+        f"({p.gpu_memory_utilization}, {format_gib(requested)} GiB). Actual usage is {w} GiB for "
+        f"consumed memory (weights + non-torch), {format_gib(activation + graphs)} GiB for peak "
+        f"activation, and {format_gib(graphs)} GiB for CUDAGraph memory. Replace "
+        f"gpu_memory_utilization config with `--kv-cache-memory={to_requested}` "
+        f"({format_gib(to_requested)} GiB) to fit into requested memory, or "
+        f"`--kv-cache-memory={to_gpu}` ({format_gib(to_gpu)} GiB) to fully utilize gpu memory. "
+        f"Current kv cache memory in use is {format_gib(p.pool_bytes)} GiB.")
     return lines

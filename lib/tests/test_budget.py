@@ -422,7 +422,14 @@ def test_startup_log_non_kv_from_debug_or_info_lines():
     debug = ("DEBUG Memory profiling takes 9.10 seconds. Total non KV cache memory: 38.9GiB; torch peak "
              "memory increase: 5.1GiB; total consumed (from mem_get_info): 33.2GiB; weights memory: 32.86GiB.")
     log = server_log.read_startup_log(SERVER_LOG + debug)
-    assert log.non_kv_gib == 38.9 and log.allowance_gib == round(38.9 - 32.86, 2)
+    # Issue 42 item 2: the DEBUG figure leaves out the CUDA-graph estimate
+    # (on by default), so on its own it gives no total ...
+    assert log.non_kv_gib == 38.9 and log.derived_non_kv_gib is None and log.allowance_gib is None
+    # ... and with the estimate line the two add up.
+    graphs = "INFO CUDA graph pool memory: 1.3 GiB (actual), 1.21 GiB (estimated), difference: 0.09 GiB (6.9%)."
+    log = server_log.read_startup_log(SERVER_LOG + debug + "\n" + graphs)
+    assert log.cudagraph_estimate_gib == 1.21 and log.derived_non_kv_gib == round(38.9 + 1.21, 2)
+    assert log.allowance_gib == round(38.9 + 1.21 - 32.86, 2)
     info = ("INFO Free memory on device (78.9/79.19 GiB) on startup. Desired GPU memory utilization is "
             "(0.9, 71.27 GiB). Actual usage is 34.1 GiB for consumed memory (weights + non-torch), 4.2 GiB "
             "for peak activation, and 1.31 GiB for CUDAGraph memory. Replace ...")
@@ -430,6 +437,8 @@ def test_startup_log_non_kv_from_debug_or_info_lines():
     assert (log.free_gib, log.total_gib, log.gpu_memory_utilization, log.requested_gib) == (78.9, 79.19, 0.9, 71.27)
     assert (log.consumed_gib, log.activation_gib, log.cudagraph_gib) == (34.1, 4.2, 1.31)
     assert log.derived_non_kv_gib == round(71.27 - 31.2, 2)
+    # Requested - available is preferred to the DEBUG line, even with it.
+    assert server_log.read_startup_log(SERVER_LOG + debug + "\n" + info).derived_non_kv_gib == round(71.27 - 31.2, 2)
 
 
 @given(st.integers(2, 400_000), st.sampled_from([16, 32, 64, 128]), st.integers(1, 131_072))
@@ -460,3 +469,73 @@ def test_auto_kv_dtype_is_the_checkpoints_everywhere():
     assert b.kv_bytes_per_token(half, "auto") == 2 * b.kv_bytes_per_token("Llama-3.1-70B", "auto")
     assert b.block_bytes(half, 16, "auto", 4) == b.block_bytes(half, 16, "fp32", 4)
     assert b.num_gpu_blocks(2**30, "Llama-3.1-70B", 16, "auto") == b.num_gpu_blocks(2**30, "Llama-3.1-70B", 16)
+
+
+# ---------------------------------------------------------------- issue 42
+
+def test_logged_non_kv_is_taken_as_logged_and_the_weights_are_not_subtracted_twice():
+    """Item 1: the figure a server logs includes the weights; plan() takes it as
+    logged_non_kv_gib and gives the same pool as the allowance without them."""
+    kw = dict(model="Llama-3.1-70B", tensor_parallel_size=4, gpu_memory_utilization=0.9, request_len=2_500)
+    by_allowance = b.plan(**kw, non_kv_gib=6.0)
+    lines = server_log.server_log_lines(by_allowance, cudagraph_gib=1.0)
+    log = server_log.read_startup_log("\n".join(lines))
+    assert log.non_kv_gib == 37.85 and log.cudagraph_estimate_gib == 1.0      # DEBUG excludes graphs
+    assert log.derived_non_kv_gib == 38.85 and log.allowance_gib == 6.0
+    by_log = b.plan(**kw, logged_non_kv_gib=log.derived_non_kv_gib)
+    # The same pool, to the log's rounding (0.005 GiB: 4 blocks of 1,280 KiB).
+    assert abs(by_log.pool_bytes - by_allowance.pool_bytes) <= 0.005 * GiB
+    assert abs(by_log.num_blocks - by_allowance.num_blocks) <= 4 and by_allowance.num_blocks == 26_893
+    assert round(by_log.non_kv_bytes / GiB, 2) == 6.0
+    # The double count the API used to allow: the logged total as an allowance.
+    with pytest.raises(ValueError, match="- 32.85 GiB weights - 38.85 GiB non-KV = -0.02 GiB"):
+        b.plan(**kw, non_kv_gib=log.derived_non_kv_gib)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(non_kv_gib=6.0, logged_non_kv_gib=20.0), ValueError,
+     "not both: got non_kv_gib=6.0 and logged_non_kv_gib=20.0"),
+    (dict(logged_non_kv_gib=10.0), ValueError,
+     r"logged_non_kv_gib must hold the weights \(14.96 GiB per GPU\), got 10.0"),
+    (dict(logged_non_kv_gib="21"), TypeError, "logged_non_kv_gib must be a number, got str '21'"),
+    (dict(logged_non_kv_gib=True), TypeError, "logged_non_kv_gib must be a number, got bool True"),
+    (dict(logged_non_kv_gib=float("nan")), ValueError, "logged_non_kv_gib"),
+    (dict(logged_non_kv_gib=-1.0), ValueError, "logged_non_kv_gib"),
+])
+def test_logged_non_kv_bad_input_is_named(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        b.plan(model="Llama-3.1-8B", **kw)
+
+
+def test_capacity_line_is_the_releases_formula_at_32760():
+    """Item 3: vLLM prints int(num_blocks / cdiv(L, B) * L) tokens, fewer than
+    blocks x 16 when max_model_len is not a multiple of 16."""
+    assert b.logged_kv_cache_tokens(2_000, 32_760, 16) == 31_992 < 2_000 * 16
+    assert b.logged_kv_cache_tokens(2_000, 32_768, 16) == 32_000 == b.token_slots(2_000, 16)
+    assert server_log.blocks_from_log_tokens(31_992, 32_760, 16) == 2_000
+    p = b.plan(max_model_len=32_760)
+    line = b.startup_log_lines(p)[1]
+    tokens = int(p.num_blocks / b.cdiv(32_760, 16) * 32_760)
+    assert f"GPU KV cache size: {tokens:,} tokens" in line and tokens < p.token_slots
+    log = server_log.read_startup_log("\n".join(server_log.server_log_lines(p)))
+    assert server_log.blocks_from_log_tokens(log.kv_cache_tokens, 32_760, 16) == p.num_blocks
+
+
+def test_what_vllm_logs_and_what_fits_differ_by_the_null_block():
+    """Item 4, an operator's case: 2.797 GiB non-KV, 8,400-token requests. vLLM
+    logs 7.00x (all 3,675 blocks / 525); the null block held back, 6 fit."""
+    p = b.plan(gpu=b.GPUSpec("a 22,895-MiB GPU", 22_895, 0.0), model="Qwen2.5-7B",
+               gpu_memory_utilization=0.9, non_kv_gib=2.797, max_model_len=8_400, request_len=8_400)
+    assert (p.num_blocks, p.blocks_per_request) == (3_675, 525)
+    assert p.logged_max_concurrency == b.logged_max_concurrency(3_675, 8_400, 16) == 7.0
+    assert p.paged_ceiling == b.paged_ceiling(3_675, 8_400, 16) == 6
+    assert "Maximum concurrency for 8,400 tokens per request: 7.00x" in b.startup_log_lines(p)[1]
+    s = server_log.size_from_log("\n".join(server_log.server_log_lines(p)), "Qwen2.5-7B", 8_400)
+    assert (s.log.max_concurrency, s.concurrency) == (7.0, 6)
+    # The book's reference pool: 26,785 blocks, 26,784 usable, 686 either way at 612 tokens.
+    assert b.paged_ceiling(26_785, 612, 16) == 26_784 // 39 == 686
+    assert b.paged_ceiling(1, 16, 16) == 0 and b.paged_ceiling(0, 16, 16) == 0
+    with pytest.raises(TypeError, match="num_blocks must be an int, got float 3675.0"):
+        b.logged_max_concurrency(3_675.0, 8_400, 16)
+    with pytest.raises(ValueError, match="max_model_len must be >= 1, got 0"):
+        b.logged_max_concurrency(3_675, 0, 16)

@@ -82,7 +82,8 @@ pkvExplore.kinds.budget = (function (X) {
             perBlock: perBlock, perToken: perToken, blocks: blocks, bs: inp.block_size,
             maxLen: inp.max_model_len, requestLen: inp.request_len,
             contiguous: X.floorDiv(pool, inp.max_model_len * perToken),
-            ceiling: X.floorDiv(blocks, perRequest)};
+            // what fits: the null block never holds a token (budget.paged_ceiling)
+            ceiling: X.floorDiv(Math.max(blocks - 1, 0), perRequest)};
   }
 
   var NO_MEMORY = 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ' +
