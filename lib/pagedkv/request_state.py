@@ -12,8 +12,8 @@ vLLM 0.33.0 keeps exactly this in ``RequestState`` (``req_id_to_index``,
 ``v1/worker/gpu/states.py:28-30``): ``add_request`` pops the *last* free row
 (``free_indices.pop()``, ``v1/worker/gpu/states.py:99-102``), so the first
 request of a fresh worker gets row ``max_num_reqs - 1``; ``remove_request``
-appends the row back and returns it, or None for an unknown request
-(``v1/worker/gpu/states.py:127-134``). Its ``RequestState`` also holds each
+(``v1/worker/gpu/states.py:127-134``) appends the row back and returns it, or
+None for an unknown request. Its ``RequestState`` also holds each
 row's tokens and lengths; ours holds the rows alone.
 
 Invariants (``check()``):
