@@ -69,8 +69,8 @@ sys.path.insert(0, str(ROOT))  # tools.notebooks, for the solutions' kernels
 import importlib  # noqa: E402
 
 # The modules, not the package's functions of the same names.
-attn, cb, kvw, sm = (importlib.import_module(f"pagedkv.kernels.{m}")
-                     for m in ("attention", "copy_blocks", "kv_write", "slot_mapping"))
+attn, cb, kvw, sm, gbt = (importlib.import_module(f"pagedkv.kernels.{m}")
+                          for m in ("attention", "copy_blocks", "kv_write", "slot_mapping", "gather_block_tables"))
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HEADS, KV_HEADS = 32, 8  # Llama-3-8B
@@ -180,6 +180,14 @@ def library_cases():
                           dict(TOKENS_PER_PROGRAM=256),  # as slot_mapping's launcher
                           dict(kernel="_slot_mapping_kernel", kind="slot_mapping", block_size=block),
                           quick=block == 16))
+    for width in (257, 2049):  # 4k and 32k tokens at block 16, plus a spare column; 2049 takes three chunks
+        rows = _meta(256, width, dtype=torch.int32)  # max_num_reqs rows; 64 of them in the step
+        cases.append(Case(f"gather_block_tables w{width}", gbt._gather_block_tables_kernel,
+                          (_meta(64, dtype=torch.int64), rows, width, _meta(256, dtype=torch.int32), rows, width,
+                           64, width),
+                          dict(CHUNK=min(gbt.MAX_CHUNK, triton.next_power_of_2(width))),  # as its launcher
+                          dict(kernel="_gather_block_tables_kernel", kind="gather_block_tables"),
+                          quick=width == 257))
     return cases
 
 
