@@ -24,9 +24,10 @@ runner's persistent batch, whose ``BlockTable`` (``pagedkv.block_table``)
 keeps the running requests in rows ``0..n-1`` and condenses them with
 ``move_row`` and ``swap_row`` when one leaves.
 
-In vLLM 0.33.0 this is ``BlockTables`` (``v1/worker/gpu/block_table.py:17-271``),
-the model runner's default since ``use_v2_model_runner``
-(``config/vllm.py:731-767``). ``append_block_ids``
+In vLLM 0.33.0 this is ``BlockTables`` (``v1/worker/gpu/block_table.py:17-271``)
+of Model Runner V2, which runs by default: ``use_v2_model_runner``
+(``config/vllm.py:731-767``) is True unless Triton is missing, the
+environment says otherwise or a feature V2 lacks is asked for. ``append_block_ids``
 (``v1/worker/gpu/block_table.py:125-144``) stages the writes and raises when
 a row would overflow; ``apply_staged_writes``
 (``v1/worker/gpu/block_table.py:146-158``) applies them, one fused Triton
