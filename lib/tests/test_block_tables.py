@@ -368,7 +368,9 @@ def test_no_row_moves_when_a_request_leaves(tables):
 # ------------------------------------------------------------ against vLLM 0.33.0's own code
 
 def _vllm_wheel():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    if root not in sys.path:
+        sys.path.insert(0, root)
     from tools import citations
 
     path = citations.find_wheel(citations.VLLM)
