@@ -40,10 +40,12 @@ FORBIDDEN = {
 # its own package's siblings, for the packages kernels, model and engine).
 LAYERS = [
     {"_device", "common"},
-    {"specs"},
+    {"specs", "kv_cache_spec"},
     {"budget", "hashing"},
     {"server_log", "free_queue", "pool_events", "request"},
     {"block_pool"},
+    {"single_type_managers"},
+    {"kv_cache_coordinator"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},
     {"request_state", "staged_write"},
