@@ -22,8 +22,10 @@ of the same tokens, whose layers hold other keys.
 
 Invariants (``check()``): a table holds this pool's blocks, the null block
 only as a leading run (a window's skipped head) and never in a
-full-attention table; ``num_cached_block`` stays within the table, and every
-non-null block under it is filed under this group's tagged hash.
+full-attention table; ``num_cached_block`` stays within the table; a hashed
+block in a table carries this group's tag, and in a full-attention table
+every block under ``num_cached_block`` is hashed (a window's mask may leave
+blocks no hit can use unfiled).
 
 What we leave out of vLLM's managers: partial (sub-block) hits and their
 copy-on-write (``KVCacheManager`` teaches them for one group), EAGLE drops,
@@ -279,10 +281,13 @@ class SingleTypeKVCacheManager:
                     f"group {self.kv_cache_group_id} ({type(self).__name__}), {rid!r}: {ids}")
             n = self.num_cached_block.get(rid, 0)
             require(0 <= n <= len(blocks), "cached count within the table", f"{rid!r}: {n} of {len(blocks)}")
-            if self.enable_caching:
-                for b in blocks[:n]:
-                    require(b is null or (b.block_hash is not None and b.block_hash[-4:] == self.kv_cache_group_id.to_bytes(4, "big")),
-                            "counted cached blocks hold this group's hash", f"{rid!r} block {b.block_id}")
+            tag = self.kv_cache_group_id.to_bytes(4, "big")
+            for i, b in enumerate(blocks):
+                # A window's mask may leave a counted block unfiled; full attention files every one.
+                must = self.enable_caching and i < n and b is not null and not isinstance(self, SlidingWindowManager)
+                require(b.block_hash[-4:] == tag if b.block_hash is not None else not must,
+                        "a table's cached blocks hold this group's hash", f"group {self.kv_cache_group_id}, "
+                        f"{rid!r} entry {i} (block {b.block_id}, {n} counted cached)")
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):

@@ -1,0 +1,472 @@
+"""KV-cache groups: specs, per-group managers and coordinators, checked against vLLM 0.33.0's own code.
+
+The differential runs vLLM 0.33.0's ``v1/core/{block_pool,kv_cache_utils,
+single_type_kv_cache_manager,kv_cache_coordinator}.py`` and
+``v1/kv_cache_interface.py`` read from the release wheel (never installed,
+never copied; the few vLLM modules they import for events, metrics,
+logging and config are stubbed) beside ours, on random workloads over a
+full-attention group and a sliding-window group, and compares after every
+operation: each group's block ids per request, each hit (blocks per group and
+length), every admission decision, the free queue in order, and every
+block's reference count and cache state.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import random
+import sys
+import types
+import zipfile
+
+import pytest
+
+from pagedkv.common import InvariantError
+from pagedkv.kv_cache_coordinator import (HybridKVCacheCoordinator, UnitaryKVCacheCoordinator,
+                                          get_kv_cache_coordinator)
+from pagedkv.kv_cache_spec import (FullAttentionSpec, KVCacheGroupSpec, MLAAttentionSpec, SlidingWindowSpec,
+                                   get_kv_cache_groups, layer_specs_from_types, unify_kv_cache_spec_page_size)
+from pagedkv.request import Request
+from pagedkv.single_type_managers import make_block_hash_with_group_id
+
+# ------------------------------------------------------------------ vLLM 0.33.0, from the wheel
+
+VLLM_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry",
+                "vllm.v1.kv_cache_interface", "vllm.v1.core.kv_cache_utils", "vllm.v1.core.block_pool",
+                "vllm.v1.hisparse.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
+                "vllm.v1.core.kv_cache_coordinator")
+
+
+def _vllm_wheel():
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tools import citations
+
+    path = citations.find_wheel(citations.VLLM)
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the vLLM 0.33.0 wheel could not be fetched; the differential test would pass unseen")
+        pytest.skip("the vLLM 0.33.0 wheel is not cached and cannot be downloaded")
+    return path
+
+
+@pytest.fixture
+def vllm(monkeypatch) -> types.SimpleNamespace:
+    """vLLM 0.33.0's specs, block pool, managers and coordinators, executed from the wheel.
+
+    What they import and we do not exercise is stubbed: KV events, metrics,
+    the logger, ``envs``, multimodal helpers, ``Request`` (only annotations
+    and attribute reads), the platform hook of the spec registry. The modules
+    leave ``sys.modules`` when the test ends.
+    """
+    wheel = _vllm_wheel()
+    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, k)
+
+    class Logger(logging.Logger):
+        def warning_once(self, *args, **kwargs):
+            pass
+
+        info_once = debug_once = warning_once
+
+    class Anything:
+        def __init__(self, *args, **kwargs):
+            pass
+
+    class MambaAttentionBackendEnum(enum.Enum):
+        MAMBA1 = 1
+        MAMBA2 = 2
+
+    def stub(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        m.__path__ = []
+        monkeypatch.setitem(sys.modules, name, m)
+        return m
+
+    for name in ("vllm", "vllm.utils", "vllm.v1", "vllm.v1.core", "vllm.v1.hisparse", "vllm.v1.attention",
+                 "vllm.v1.attention.backends", "vllm.distributed", "vllm.multimodal", "vllm.v1.metrics"):
+        stub(name)
+    sys.modules["vllm"].envs = stub("vllm.envs", VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=False)
+    stub("vllm.config", VllmConfig=Anything, get_current_vllm_config_or_none=lambda: None)
+    stub("vllm.logger", init_logger=Logger)
+    stub("vllm.multimodal.utils", get_mm_features_in_window=None)
+    stub("vllm.utils.hashing", xxhash=object(), xxhash_cbor=object())
+    stub("vllm.v1.request", Request=Anything)
+    stub("vllm.v1.utils", tensor_data=None)
+    stub("vllm.utils.torch_utils", get_dtype_size=lambda dtype: dtype.itemsize)
+    stub("vllm.v1.attention.backends.registry", MambaAttentionBackendEnum=MambaAttentionBackendEnum)
+    stub("vllm.distributed.kv_events", MEDIUM_GPU="GPU", MEDIUM_CPU="CPU", AllBlocksCleared=Anything,
+         BlockRemoved=Anything, BlockStored=Anything, KVCacheEvent=Anything)
+    stub("vllm.v1.core.kv_cache_metrics", KVCacheMetricsCollector=Anything)
+    stub("vllm.platforms", current_platform=types.SimpleNamespace(register_custom_kv_cache_specs=lambda c: None))
+    loaded = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in VLLM_MODULES:
+            path = name.replace(".", "/") + ".py"
+            m = types.ModuleType(name)
+            m.__file__ = f"vllm-0.33.0/{path}"
+            monkeypatch.setitem(sys.modules, name, m)
+            exec(compile(z.read(path), m.__file__, "exec"), m.__dict__)
+            loaded[name.rsplit(".", 1)[1]] = m
+    return types.SimpleNamespace(**loaded)
+
+
+def their_spec(vllm, spec):
+    """vLLM's spec with the same fields as ours (torch dtypes: ``get_dtype_size`` reads ``itemsize``)."""
+    import torch
+
+    I = vllm.kv_cache_interface
+    common = dict(block_size=spec.block_size, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
+                  dtype=getattr(torch, spec.dtype), page_size_padded=spec.page_size_padded)
+    if isinstance(spec, SlidingWindowSpec):
+        return I.SlidingWindowSpec(sliding_window=spec.sliding_window, **common)
+    return I.FullAttentionSpec(**common)
+
+
+# ------------------------------------------------------------------ specs
+
+@pytest.mark.parametrize("window,in_flight,max_len", [(4096, 8192, 131072), (128, 2048, 4096), (5, 3, 8),
+                                                      (1000, 0, 900), (17, 16, 64)])
+def test_page_size_and_max_memory_are_vllm_0_33_0s(vllm, window, in_flight, max_len):
+    I = vllm.kv_cache_interface
+    config = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=max_len),
+                                   parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
+                                   max_in_flight_tokens=in_flight)
+    for dtype in ("float16", "float32"):
+        for spec in (FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=dtype),
+                     SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=128, dtype=dtype,
+                                       sliding_window=min(window, max_len))):
+            theirs = their_spec(vllm, spec)
+            assert spec.page_size_bytes == theirs.page_size_bytes
+            assert spec.max_memory_usage_bytes(max_len, in_flight) == theirs.max_memory_usage_bytes(config)
+            assert spec.max_num_blocks_per_req(max_len) == cdiv(max_len, 16)
+    # the window's budget: the window, the tokens in flight, one block of slack
+    sw = SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1, sliding_window=4096)
+    assert sw.max_admission_blocks_per_request(8192, 131072) == cdiv(4095 + 8192, 16) + 1
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def test_gemma_like_layers_form_one_group_per_kind_of_equal_size():
+    types_ = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    specs = layer_specs_from_types(types_, block_size=16, num_kv_heads=4, head_size=64, max_model_len=1024,
+                                   sliding_window=512)
+    groups = get_kv_cache_groups(specs)
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    assert kinds == ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"]
+    assert all(len(g.layer_names) == 2 for g in groups)
+    assert groups[0].layer_names == ["model.layers.0.self_attn", "model.layers.6.self_attn"]
+    assert len({g.kv_cache_spec.page_size_bytes for g in groups}) == 1
+
+
+def test_page_sizes_unify_by_growing_blocks_or_padding():
+    small = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64, sliding_window=64)
+    big = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64)
+    odd = FullAttentionSpec(block_size=16, num_kv_heads=3, head_size=64)
+    specs = {"a": big, "b": small, "c": odd}
+    before = dict(specs)
+    out = unify_kv_cache_spec_page_size(specs)
+    assert specs == before  # the input is left alone
+    assert out["b"].block_size == 64 and out["b"].page_size_bytes == big.page_size_bytes
+    assert out["c"].block_size == 16 and out["c"].page_size_padded == big.page_size_bytes
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(layer_types=["full_attention", "linear_attention"]), r"model\.layers\.1\.self_attn: unknown layer type 'linear_attention'"),
+    (dict(layer_types=["sliding_attention"], sliding_window=2048), r"model\.layers\.0\.self_attn: sliding_window=2048 is larger than max_model_len=1024"),
+    (dict(layer_types=["full_attention", "sliding_attention"]), r"model\.layers\.1\.self_attn: a sliding_attention layer needs sliding_window"),
+    (dict(layer_types=[]), r"layer_types is empty"),
+])
+def test_layers_that_cannot_be_grouped_are_refused_with_the_layer_and_reason(kwargs, match):
+    base = dict(block_size=16, num_kv_heads=2, head_size=64, max_model_len=1024)
+    with pytest.raises(ValueError, match=match):
+        layer_specs_from_types(**{**base, **kwargs})
+
+
+def test_page_sizes_that_cannot_be_unified_are_refused_naming_the_layer():
+    specs = {"model.layers.0.self_attn": FullAttentionSpec(block_size=16, num_kv_heads=3, head_size=64),
+             "model.layers.1.self_attn": MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=100)}
+    before = dict(specs)
+    with pytest.raises(ValueError, match=r"layer model\.layers\.1\.self_attn: .*cannot be unified"):
+        get_kv_cache_groups(specs)
+    assert specs == before
+
+
+@pytest.mark.parametrize("make,exc", [
+    (lambda: FullAttentionSpec(block_size=True, num_kv_heads=1, head_size=1), TypeError),
+    (lambda: FullAttentionSpec(block_size=16, num_kv_heads=0, head_size=1), ValueError),
+    (lambda: FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype="int3"), ValueError),
+    (lambda: SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1, sliding_window=0), ValueError),
+    (lambda: make_block_hash_with_group_id(7, 0), TypeError),
+])
+def test_bad_specs_are_refused(make, exc):
+    with pytest.raises(exc):
+        make()
+
+
+def two_groups(block_size=4, window=6, num_blocks=24, sw_block_size=None):
+    fa = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=8)
+    sw = SlidingWindowSpec(block_size=sw_block_size or block_size, num_kv_heads=2, head_size=8, sliding_window=window)
+    return get_kv_cache_coordinator([KVCacheGroupSpec(["full"], fa), KVCacheGroupSpec(["sliding"], sw)],
+                                    num_blocks, max_model_len=256, max_in_flight_tokens=16)
+
+
+def snapshot(c):
+    pool = c.block_pool
+    return ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+            [(b.ref_cnt, b.block_hash) for b in pool.blocks],
+            [({r: [b.block_id for b in bs] for r, bs in m.req_to_blocks.items()}, dict(m.num_cached_block))
+             for m in c.single_type_managers])
+
+
+def test_refused_calls_change_nothing_in_any_group():
+    c = two_groups(num_blocks=10)
+    req = Request("a", list(range(10)), hash_block_size=4)
+    c.allocate_new_blocks("a", 10)
+    c.cache_blocks(req, 10)
+    before = snapshot(c)
+    # 2 more blocks per group would fit the first group alone: refused whole
+    for call, exc in [(lambda: c.allocate_new_blocks("a", 30), ValueError),
+                      (lambda: c.allocate_new_blocks(7, 4), TypeError),
+                      (lambda: c.allocate_new_blocks("a", -1), ValueError),
+                      (lambda: c.get_num_blocks_to_allocate("b", 4, ([],), 0), ValueError),
+                      (lambda: c.allocate_new_computed_blocks("a", ([c.block_pool.blocks[1]], []), 4), ValueError),
+                      (lambda: c.find_longest_cache_hit(req.block_hashes, 2.0), TypeError)]:
+        with pytest.raises(exc):
+            call()
+        assert snapshot(c) == before
+        c.check()
+
+
+def test_a_table_edit_on_one_group_never_changes_another():
+    c = two_groups(window=5)
+    c.allocate_new_blocks("a", 20)
+    full_before = c.get_block_ids("a")[0]
+    c.remove_skipped_blocks("a", 17)  # 17 computed, window 5: tokens 0..12 skipped, blocks 0..2 freed
+    full, sliding = c.get_block_ids("a")
+    assert full == full_before
+    assert sliding[:3] == [0, 0, 0] and 0 not in sliding[3:]
+    c.get_blocks("a")[1].clear()  # a copy: editing it changes no table
+    assert c.get_block_ids("a") == (full, sliding)
+    c.check()
+
+
+def test_check_names_a_reference_count_that_the_tables_do_not_explain():
+    c = two_groups()
+    c.allocate_new_blocks("a", 8)
+    c.single_type_managers[1].req_to_blocks["a"].pop()
+    with pytest.raises(InvariantError, match="ref_cnt = table entries over all groups"):
+        c.check()
+
+
+def test_sliding_window_hit_reads_right_to_left_and_hybrid_agrees_on_one_length():
+    c = two_groups(window=6)
+    req = Request("a", list(range(21)), hash_block_size=4)
+    c.allocate_new_blocks("a", 21)
+    c.cache_blocks(req, 21)
+    c.remove_skipped_blocks("a", 21)
+    c.free("a")
+    blocks, n = c.find_longest_cache_hit(req.block_hashes, 20)
+    assert n == 20
+    full, sliding = ([b.block_id for b in bs] for bs in blocks)
+    assert len(full) == 5 and sliding[:3] == [0, 0, 0]  # the window needs cdiv(6 - 1, 4) = 2 blocks
+    # The full-attention group loses block 3's entry: the hybrid hit shrinks to what both hold.
+    c.block_pool.evict_blocks([full[3]])
+    _, n = c.find_longest_cache_hit(req.block_hashes, 20)
+    assert n == 12
+    c.check()
+
+
+# ------------------------------------------------------------------ the differential
+
+class Pair:
+    """Our coordinator and vLLM's, driven as vLLM's ``KVCacheManager.allocate_slots`` drives them."""
+
+    def __init__(self, vllm, groups, num_blocks, max_model_len, max_in_flight, hash_block_size):
+        I, C = vllm.kv_cache_interface, vllm.kv_cache_coordinator
+        self.ours = get_kv_cache_coordinator(groups, num_blocks, max_model_len, max_in_flight,
+                                             hash_block_size=hash_block_size)
+        config = I.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+            I.KVCacheGroupSpec(list(g.layer_names), their_spec(vllm, g.kv_cache_spec)) for g in groups])
+        sizes = [g.kv_cache_spec.block_size for g in groups]
+        self.theirs = C.get_kv_cache_coordinator(
+            config, max_model_len=max_model_len, max_in_flight_tokens=max_in_flight, use_eagle=False,
+            enable_caching=True, enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
+            scheduler_block_size=math.lcm(*sizes), hash_block_size=hash_block_size)
+        assert type(self.ours).__name__ == type(self.theirs).__name__
+        self.max_model_len = max_model_len
+        self.compared = 0
+
+    def both(self, name, *args, **kwargs):
+        a = getattr(self.ours, name)(*args, **kwargs)
+        b = getattr(self.theirs, name)(*args, **kwargs)
+        return a, b
+
+    def compare(self, where):
+        self.compared += 1
+        ours, theirs = self.ours, self.theirs
+        ours.check()
+        q = lambda pool: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+        assert q(ours.block_pool) == q(theirs.block_pool), f"free queue, {where}"
+        assert [b.ref_cnt for b in ours.block_pool.blocks[1:]] == [b.ref_cnt for b in theirs.block_pool.blocks[1:]], where
+        assert not theirs.block_pool.cached_block_hashes_by_block  # one hash per block, as ours
+        assert ([b.block_hash for b in ours.block_pool.blocks]
+                == [b.block_hash for b in theirs.block_pool.blocks]), f"cached hashes, {where}"
+        for g, (m, t) in enumerate(zip(ours.single_type_managers, theirs.single_type_managers)):
+            mine = {r: [b.block_id for b in bs] for r, bs in m.req_to_blocks.items()}
+            their = {r: [b.block_id for b in bs] for r, bs in t.req_to_blocks.items() if r in t.num_cached_block or bs}
+            assert mine == their, f"group {g} tables, {where}"
+            assert m.num_cached_block == t.num_cached_block, f"group {g} cached counts, {where}"
+
+
+def random_run(pair: Pair, seed: int, steps: int, chunk: int):
+    """Requests share prefixes (so hits happen), prefill in chunks, decode, finish or get preempted."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(3)]
+    waiting: list[Request] = []
+    running: dict[str, tuple[Request, types.SimpleNamespace]] = {}
+    stats = dict(hits=0, hit_tokens=0, refused=0, preempted=0, finished=0, skipped_frees=0)
+    next_id = 0
+    B = pair.ours.hash_block_size
+    for step in range(steps):
+        if rng.random() < 0.4 or not (waiting or running):
+            prompt = list(rng.choice(prefixes)) + [rng.randrange(50) for _ in range(rng.randrange(1, 30))]
+            waiting.append(Request(f"r{next_id}", prompt[:pair.max_model_len - 8], max_tokens=rng.randrange(1, 12),
+                                   hash_block_size=B))
+            next_id += 1
+        if waiting and rng.random() < 0.6:  # admit one
+            req = waiting[0]
+            view = types.SimpleNamespace(request_id=req.request_id, block_hashes=req.block_hashes,
+                                         num_prompt_tokens=len(req.prompt_token_ids), shared_prefix_boundary=0)
+            (hit_ours, n_ours), (hit_theirs, n_theirs, _) = pair.both("find_longest_cache_hit", req.block_hashes,
+                                                                       req.num_tokens - 1)
+            assert n_ours == n_theirs, f"hit length, step {step}"
+            assert ([[b.block_id for b in bs] for bs in hit_ours]
+                    == [[b.block_id for b in bs] for bs in hit_theirs]), f"hit blocks, step {step}"
+            new = min(chunk, req.num_tokens - n_ours)
+            need = (n_ours + new)
+            a = pair.ours.get_num_blocks_to_allocate(req.request_id, need, hit_ours, n_ours)
+            b = pair.theirs.get_num_blocks_to_allocate(req.request_id, need, hit_theirs, 0, n_ours, n_ours, need)
+            assert a == b, f"blocks to allocate, step {step}"
+            if a > pair.ours.block_pool.get_num_free_blocks():
+                stats["refused"] += 1
+            else:
+                waiting.pop(0)
+                stats["hits"] += n_ours > 0
+                stats["hit_tokens"] += n_ours
+                pair.ours.allocate_new_computed_blocks(req.request_id, hit_ours, n_ours)
+                pair.theirs.allocate_new_computed_blocks(req.request_id, hit_theirs, n_ours, 0)
+                pair.ours.allocate_new_blocks(req.request_id, need)
+                pair.theirs.allocate_new_blocks(req.request_id, need, need)
+                pair.ours.cache_blocks(req, min(need, req.num_tokens))
+                pair.theirs.cache_blocks(view, min(need, req.num_tokens))
+                req.num_computed_tokens = need
+                running[req.request_id] = (req, view)
+            pair.compare(f"admission, step {step}")
+        for rid in list(running):  # one step for every running request
+            req, view = running[rid]
+            if rng.random() < 0.15:
+                pair.both("free", rid)
+                del running[rid]
+                waiting.append(Request(rid + "p", req.all_token_ids, max_tokens=req.max_tokens, hash_block_size=B))
+                stats["preempted"] += 1
+                pair.compare(f"preempt {rid}, step {step}")
+                continue
+            if req.num_computed_tokens >= req.num_tokens:  # decoding: one sampled token
+                if req.is_finished or req.num_tokens >= pair.max_model_len - 1:
+                    pair.both("free", rid)
+                    del running[rid]
+                    stats["finished"] += 1
+                    pair.compare(f"finish {rid}, step {step}")
+                    continue
+                req.append_output_token_ids(rng.randrange(50))
+            before = sum(b.is_null for m in pair.ours.single_type_managers for b in m.req_to_blocks.get(rid, ()))
+            pair.both("remove_skipped_blocks", rid, req.num_computed_tokens)
+            after = sum(b.is_null for m in pair.ours.single_type_managers for b in m.req_to_blocks.get(rid, ()))
+            stats["skipped_frees"] += after - before
+            new = min(chunk, req.num_tokens - req.num_computed_tokens)
+            need = req.num_computed_tokens + new
+            a = pair.ours.get_num_blocks_to_allocate(rid, need, ((),) * len(pair.ours.single_type_managers),
+                                                     req.num_computed_tokens)
+            b = pair.theirs.get_num_blocks_to_allocate(rid, need, ((),) * len(pair.ours.single_type_managers),
+                                                       0, req.num_computed_tokens, req.num_computed_tokens, need)
+            assert a == b, f"blocks to allocate for {rid}, step {step}"
+            if a > pair.ours.block_pool.get_num_free_blocks():  # preempt it instead
+                pair.both("free", rid)
+                del running[rid]
+                waiting.append(Request(rid + "p", req.all_token_ids, max_tokens=req.max_tokens, hash_block_size=B))
+                stats["preempted"] += 1
+            else:
+                pair.ours.allocate_new_blocks(rid, need)
+                pair.theirs.allocate_new_blocks(rid, need, need)
+                pair.ours.cache_blocks(req, min(need, req.num_tokens))
+                pair.theirs.cache_blocks(view, min(need, req.num_tokens))
+                req.num_computed_tokens = need
+            pair.compare(f"step of {rid}, step {step}")
+    return stats
+
+
+CONFIGS = {
+    # name: ([(kind, block_size, window)], hash_block_size, num_blocks)
+    "fa4+sw4 window 6": ([("full", 4, None), ("sliding", 4, 6)], 4, 40),
+    "fa4+sw4 window 13": ([("full", 4, None), ("sliding", 4, 13)], 4, 48),
+    "fa4+sw4 window 3": ([("full", 4, None), ("sliding", 4, 3)], 4, 30),
+    "fa4+sw8 window 10": ([("full", 4, None), ("sliding", 8, 10)], 4, 40),
+    "fa8+sw4 window 5": ([("full", 8, None), ("sliding", 4, 5)], 4, 40),
+    "2 fa + sw window 7": ([("full", 4, None), ("full", 4, None), ("sliding", 4, 7)], 4, 60),
+    "sw4 alone, window 9": ([("sliding", 4, 9)], 4, 30),
+    "fa4 alone": ([("full", 4, None)], 4, 30),
+}
+
+
+def make_groups(layout):
+    groups = []
+    for i, (kind, bs, window) in enumerate(layout):
+        # heads chosen so every group's page is 8 * 4 * 2 * 2 * 4 = 512 bytes
+        heads = 32 // bs
+        spec = (FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=4) if kind == "full" else
+                SlidingWindowSpec(block_size=bs, num_kv_heads=heads, head_size=4, sliding_window=window))
+        groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    assert len({g.kv_cache_spec.page_size_bytes for g in groups}) == 1
+    return groups
+
+
+# Where we differ from 0.33.0, on purpose for now: a full-attention group whose
+# block is longer than the hash block also files the prompt's tail, when it
+# ends inside a block, under a partial key (``_cache_partial_tail_block``,
+# ``v1/core/single_type_kv_cache_manager.py:859-897``). No hit of a hybrid
+# without a Mamba group can use that key, but a block holding it counts as
+# cached when freed, so it goes to the tail of the free queue, not the head.
+# Our managers leave partial entries to KVCacheManager (one group); strict, so
+# that modelling them turns this into a pass that must be un-marked.
+PARTIAL_TAIL = pytest.mark.xfail(strict=True, reason="vLLM files partial prompt-tail entries for a "
+                                 "full-attention block longer than the hash block; ours do not yet")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=PARTIAL_TAIL) if n.startswith("fa8") else n
+                                  for n in sorted(CONFIGS)])
+def test_differential_against_vllm_0_33_0(vllm, name):
+    layout, hash_block_size, num_blocks = CONFIGS[name]
+    totals = dict(compared=0)
+    for seed in range(3):
+        pair = Pair(vllm, make_groups(layout), num_blocks, max_model_len=96, max_in_flight=8,
+                    hash_block_size=hash_block_size)
+        assert isinstance(pair.ours, UnitaryKVCacheCoordinator if len(layout) == 1 else HybridKVCacheCoordinator)
+        stats = random_run(pair, seed, steps=120, chunk=[5, 8, 16][seed])
+        totals["compared"] += pair.compared
+        for k, v in stats.items():
+            totals[k] = totals.get(k, 0) + v
+    print(f"\n{name}: {totals}")
+    # the workloads reach what they are meant to exercise
+    assert totals["hits"] > 0 and totals["preempted"] > 0 and totals["finished"] > 0
+    if any(kind == "sliding" for kind, _, _ in layout):
+        assert totals["skipped_frees"] > 0
