@@ -21,7 +21,7 @@ vLLM's names (``KVCacheSpec``, ``v1/kv_cache_interface.py:202-346``):
 
 Where vLLM takes a ``VllmConfig``, we take the two numbers it reads from it:
 ``max_model_len`` and ``max_in_flight_tokens`` (``max_concurrent_batches *
-max_num_batched_tokens``, ``max_in_flight_tokens``, ``vllm/config/vllm.py:601-609``).
+max_num_batched_tokens``, ``max_in_flight_tokens``, ``config/vllm.py:601-609``).
 """
 
 from __future__ import annotations

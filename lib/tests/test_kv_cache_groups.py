@@ -470,3 +470,78 @@ def test_differential_against_vllm_0_33_0(vllm, name):
     assert totals["hits"] > 0 and totals["preempted"] > 0 and totals["finished"] > 0
     if any(kind == "sliding" for kind, _, _ in layout):
         assert totals["skipped_frees"] > 0
+
+
+# ------------------------------------------------------------------ stateful, against an oracle
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+
+class TwoGroupMachine(RuleBasedStateMachine):
+    """A full-attention and a sliding-window group over one pool, against an oracle of counts.
+
+    The oracle knows, per request, the tokens with a slot (``T``) and the
+    window's skipped blocks so far (``S``): the full table has ``cdiv(T, B)``
+    blocks, the window's table as many entries of which the first ``S`` are
+    null, and the pool's free count is what those real blocks leave.
+    """
+
+    B, W, N = 4, 6, 30
+
+    def __init__(self):
+        super().__init__()
+        self.c = two_groups(block_size=self.B, window=self.W, num_blocks=self.N)
+        self.oracle: dict[str, list[int]] = {}  # rid -> [T, S]
+        self.next = 0
+
+    @rule(tokens=st.integers(1, 24))
+    def admit(self, tokens):
+        rid = f"r{self.next}"
+        self.next += 1
+        need = self.c.get_num_blocks_to_allocate(rid, tokens, ([], []), 0)
+        assert need == 2 * cdiv(tokens, self.B)
+        if need > self.c.block_pool.get_num_free_blocks():
+            before = snapshot(self.c)
+            with pytest.raises(ValueError, match="only .* are free"):
+                self.c.allocate_new_blocks(rid, tokens)
+            assert snapshot(self.c) == before
+            return
+        self.c.allocate_new_blocks(rid, tokens)
+        self.oracle[rid] = [tokens, 0]
+
+    @precondition(lambda self: self.oracle)
+    @rule(data=st.data(), more=st.integers(0, 9))
+    def run_a_step(self, data, more):
+        rid = data.draw(st.sampled_from(sorted(self.oracle)))
+        T, S = self.oracle[rid]
+        self.c.remove_skipped_blocks(rid, T)  # the step before computed all T tokens
+        S = max(S, min(max(0, T - self.W + 1) // self.B, cdiv(T, self.B)))
+        need = self.c.get_num_blocks_to_allocate(rid, T + more, ((), ()), T)
+        if need <= self.c.block_pool.get_num_free_blocks():
+            self.c.allocate_new_blocks(rid, T + more)
+            T += more
+        self.oracle[rid] = [T, S]
+
+    @precondition(lambda self: self.oracle)
+    @rule(data=st.data())
+    def free(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.oracle)))
+        self.c.free(rid)
+        del self.oracle[rid]
+
+    @invariant()
+    def agrees_with_the_oracle(self):
+        self.c.check()
+        held = 0
+        for rid, (T, S) in self.oracle.items():
+            full, sliding = self.c.get_block_ids(rid)
+            assert len(full) == len(sliding) == cdiv(T, self.B)
+            assert sliding[:S] == [0] * S and 0 not in sliding[S:] and 0 not in full
+            held += len(full) + len(sliding) - S
+        assert self.c.block_pool.get_num_free_blocks() == self.N - 1 - held
+
+
+TestTwoGroupMachine = TwoGroupMachine.TestCase
+TestTwoGroupMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
