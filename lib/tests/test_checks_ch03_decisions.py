@@ -375,3 +375,102 @@ def test_the_library_refuses_as_the_exercise_asks():
     with pytest.raises(ValueError) as info:
         pool.get_new_blocks(5)
     assert names_count(info.value, 5)
+
+
+# ------------------------------------ issue 45: gaps readers found
+from pagedkv.block_pool import BlockPool  # noqa: E402
+from pagedkv.free_queue import FreeKVCacheBlockQueue  # noqa: E402
+
+WRITTEN = "the library's own function -- the task is to write it"
+
+
+def _delegated(report, task, called, capsys):
+    out = capsys.readouterr().out
+    assert not report and not report.stub and len(report.results) == 1, out
+    line = report.results[0]
+    assert line.name == f"{task} is your own code"
+    assert f"it calls the library's {called}. Diagnosis: {WRITTEN}" in line.detail
+    assert "\u2705" not in out and out.rstrip().endswith(f"{task}: 0/1 properties hold")
+    assert max(map(len, out.splitlines())) <= 79
+
+
+def test_calling_the_librarys_get_new_blocks_is_refused(capsys):
+    _delegated(checks.check_get_new_blocks(lambda pool, n: BlockPool.get_new_blocks(pool, n)),
+               "get_new_blocks", "BlockPool.get_new_blocks", capsys)
+    _delegated(checks.check_get_new_blocks(lambda pool, n: pool.get_new_blocks(n)),
+               "get_new_blocks", "BlockPool.get_new_blocks", capsys)
+
+
+def test_calling_the_librarys_free_blocks_or_touch_is_refused(capsys):
+    def lib_free(pool, blocks):
+        BlockPool.free_blocks(pool, blocks)
+
+    _delegated(checks.check_free_blocks(lib_free, lambda p, b: lib_free(p, list(reversed(b)))),
+               "free_blocks", "BlockPool.free_blocks", capsys)
+    _delegated(checks.check_free_blocks(free_blocks, lambda p, b: p.free_blocks(list(reversed(b)))),
+               "free_blocks", "BlockPool.free_blocks", capsys)
+    _delegated(checks.check_touch(lambda pool, blocks: pool.touch(blocks)),
+               "touch", "BlockPool.touch", capsys)
+
+
+def test_subclassing_the_librarys_queue_is_refused(capsys):
+    class Inherited(FreeKVCacheBlockQueue):
+        pass
+
+    class Super(FreeKVCacheBlockQueue):
+        def popleft_n(self, n):
+            return super().popleft_n(n)
+
+    for cls in (Inherited, Super):
+        report = checks.check_free_block_queue(cls)
+        _delegated(report, "FreeKVCacheBlockQueue", "FreeKVCacheBlockQueue.popleft_n", capsys)
+
+
+def test_an_empty_entry_left_behind_is_named_not_a_request_size():
+    def leaves_empty(pool, n):
+        queue = pool.free_block_queue
+        if n > queue.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks from the pool")
+        blocks = queue.popleft_n(n)
+        for block in blocks:
+            if block.block_hash is not None:
+                del pool.cached_block_hash_to_block[block.block_hash][block.block_id]
+                block.reset_hash()
+            block.ref_cnt = 1
+        return blocks
+
+    failed = {r.name: r.detail for r in checks.check_get_new_blocks(leaves_empty, seeds=2).results
+              if not r.passed}
+    assert failed
+    for detail in failed.values():
+        assert "Diagnosis: an empty entry left behind" in detail, failed
+        assert "too many" not in detail
+
+
+def _free_rule(rule):
+    def fn(pool, ordered_blocks):
+        head, tail = [], []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                hashed = block.block_hash is not None
+                if rule == "all to the tail" or hashed != (rule == "swapped"):
+                    tail.append(block)
+                else:
+                    head.append(block)
+        pool.free_block_queue.prepend_n(head)
+        pool.free_block_queue.append_n(tail)
+    return fn
+
+
+@pytest.mark.parametrize("rule, name", [
+    ("all to the tail", "every block to the tail (vLLM's rule before 0.24)"),
+    ("swapped", "head and tail swapped"),
+])
+def test_the_old_free_rule_and_swapped_ends_are_named(rule, name):
+    fn = _free_rule(rule)
+    report = checks.check_free_blocks(fn, lambda p, b: fn(p, reversed(b)), seeds=2)
+    failed = [r for r in report.results if not r.passed]
+    assert failed and f"Diagnosis: {name}" in failed[0].detail, failed

@@ -634,3 +634,35 @@ def test_with_the_probes_as_compiled_the_solutions_pass_and_the_grid_and_dtypes_
     narrowed = failures(checks.check_kernel_puzzle(10, variant(10, ("dtype=torch.int64)", "dtype=torch.int32)"))))
     assert "the kernel is handed block_pairs as int32" in narrowed[INT64]
     assert "still answers the old ones" in failures(checks.check_kernel_puzzle(5, _copy_cheat(5)))[IN_A_KERNEL]
+
+
+# ------------------------------------------------------------ issue 45: numerics named
+
+def test_a_missing_rescale_a_wrong_scale_and_a_mixed_log_are_named():
+    assert_named(3, variant(3, ("k.shape[0], scale,", "k.shape[0], 1.0 / q.shape[0],")),
+                 "the scale squared (1/head_dim)")
+    assert_named(4, variant(4, ("l = l * tl.exp(m - m_safe) +", "l = l +")),
+                 "the running max not rescaled")
+    assert_named(5, variant(5, ("acc = acc * alpha +", "acc = acc +")), "the running max not rescaled")
+    assert_named(5, variant(5, ("l = l * alpha +", "l = l +")), "the running max not rescaled")
+    assert_named(5, variant(5, ("out, scale,\n", "out, 1.0 / head_dim,\n")), "the scale squared")
+    assert_named(8, variant(8, ("m + tl.log2(l_safe)", "m + tl.log(l_safe)")), "ln where log2 belongs")
+    assert_named(8, variant(8, ("scale2 = scale * 1.4426950408889634", "scale2 = scale")),
+                 "exp2 without log2(e)")
+    assert_named(8, variant(8, ("acc = acc * alpha +", "acc = acc +")), "the running max not rescaled")
+
+
+def test_a_merely_wrong_kernel_is_not_said_to_read_what_the_wrapper_computed():
+    for n, fn in ((3, variant(3, ("k.shape[0], scale,", "k.shape[0], 1.0 / q.shape[0],"))),
+                  (4, variant(4, ("l = l * tl.exp(m - m_safe) +", "l = l +")))):
+        failed = failures(checks.check_kernel_puzzle(n, fn))
+        assert failed and IN_A_KERNEL not in failed, failed
+        assert not any("reads what the wrapper computed" in d for d in failed.values())
+
+
+def test_a_kv_row_stride_from_num_heads_is_named_not_a_read_past_seq_len():
+    fn = variant(6, ("(slot * num_kv_heads + kv_head)", "(slot * num_heads + kv_head)"))
+    failed = failures(checks.check_kernel_puzzle(6, fn))
+    first = failed["equals the reference for groups of 3, 4 and 1"]
+    assert "Diagnosis: a K/V row stride from num_heads" in first, first
+    assert "read past seq_len" not in first

@@ -236,7 +236,9 @@ class Checker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is _Stub:  # the stub: its one line is already printed
+        if exc_type is _Stub:  # the stub (or a delegation): its one line is already printed
+            if self.verbose and not self.report.stub:
+                print(self.report.summary())
             return True
         if self.verbose:
             print(self.report.summary())
@@ -264,6 +266,32 @@ class Checker:
             self.hung = str(exc)
         except Exception:  # noqa: BLE001 -- the properties will say what
             pass
+
+    def written_here(self, task: str, call: Callable[[], None], library: dict) -> None:
+        """Stop with one red line when ``call()`` runs one of the library's functions.
+
+        ``library`` maps a name (``"BlockPool.get_new_blocks"``) to the
+        library's function that the task asks the learner to write. Calling
+        it answers with the oracle the check compares against, so every
+        property would pass and prove nothing: the check says so and stops.
+        Anything else ``call`` does (a crash, a hang) is left to the
+        properties. Use it right after ``probe``.
+        """
+        try:
+            with _time_limit(self.timeout):
+                used = library_calls(call, library)
+        except (Exception, CheckTimeout):  # noqa: BLE001 -- the properties will say what
+            return
+        if not used:
+            return
+        result = PropertyResult(
+            f"{task} is your own code", False,
+            f"it calls the library's {used[0]}. Diagnosis: {DELEGATED.name} -- "
+            f"{DELEGATED.fix}")
+        self.report.results.append(result)
+        if self.verbose:
+            print(result.line())
+        raise _Stub
 
     def prop(self, name: str, body: Callable[[], None], hint: str = "",
              diagnose: Callable[[], str | None] | None = None) -> bool:
@@ -338,6 +366,44 @@ class Mistake(NamedTuple):
 
     def diagnosis(self) -> str:
         return f"{self.name} -- {self.fix}"
+
+
+DELEGATED = Mistake(
+    "the library's own function", "the task is to write it: the library's "
+    "version is the oracle your answer is compared with, so calling it "
+    "passes every check and teaches nothing. Write the steps yourself")
+
+
+def library_calls(call: Callable[[], None], library: dict) -> list[str]:
+    """The names in ``library`` (name -> function) whose code ran while ``call()`` ran.
+
+    Matched by code object, so an alias, a bound method, ``super()`` or an
+    inherited method is seen as well as a direct call. An exception of
+    ``call``'s ends the call; what ran until then is still returned.
+    """
+    codes = {}
+    for name, fn in library.items():
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            codes[code] = name
+    seen: list[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            name = codes.get(frame.f_code)
+            if name is not None and name not in seen:
+                seen.append(name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    except Exception:  # noqa: BLE001 -- the properties report the crash
+        pass
+    finally:
+        sys.setprofile(previous)
+    return seen
 
 
 def name_mistake(got, args: tuple, mistakes, call=None, probes=()) -> str | None:

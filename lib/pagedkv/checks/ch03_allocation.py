@@ -56,6 +56,10 @@ GET_MISTAKES = [
     Mistake("every block under the hash dropped", "several blocks may hold "
             "one hash (block 3, still held, shares block 2's): only the "
             "popped block's entry dies, the others stay matchable"),
+    Mistake("an empty entry left behind", "the last block under a hash "
+            "was popped, and the hash still maps to an empty dict: when its "
+            "last block leaves, the hash's entry leaves the map too, so the "
+            "map holds only hashes a lookup can hit"),
     Mistake("ref_cnt not set", "a popped block belongs to one request now, "
             "but its ref_cnt is still the 0 of a free block: every held "
             "block counts its holders"),
@@ -120,14 +124,17 @@ def _diagnose_get(fn) -> str | None:
         if 1000 not in state["cached_block_hash_to_block"]:
             return GET_MISTAKES[4].diagnosis()
         if any(state["ref_cnt"][i] != 1 for i in got):
+            return GET_MISTAKES[6].diagnosis()
+        pool, got4, state4 = _run_get(fn, 4)
+        if isinstance(got4, ValueError):
+            return GET_MISTAKES[9].diagnosis()
+        if any(not v for v in state4["cached_block_hash_to_block"].values()):
             return GET_MISTAKES[5].diagnosis()
-        if isinstance(_run_get(fn, 4)[1], ValueError):
-            return GET_MISTAKES[8].diagnosis()
         pool, got, state = _run_get(fn, 5)
         if state != pool_state(_get_case()[0]):
-            return GET_MISTAKES[6].diagnosis()
-        if not names_count(got, 5):
             return GET_MISTAKES[7].diagnosis()
+        if not names_count(got, 5):
+            return GET_MISTAKES[8].diagnosis()
     except Exception:  # noqa: BLE001 -- the property's message says what
         return None
     return None
@@ -158,6 +165,10 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
     fn = get_new_blocks
     with Checker("get_new_blocks", timeout=timeout) as c:
         c.probe(lambda: fn(_get_case()[0], 1))
+        pool_for_probe = _get_case()[0]
+        c.written_here("get_new_blocks", lambda: fn(pool_for_probe, 3), {
+            "BlockPool.get_new_blocks": BlockPool.get_new_blocks,
+            "BlockPool.evict_blocks": BlockPool.evict_blocks})
 
         def compare(n, what):
             pool, got, state = _run_get(fn, n)
@@ -167,7 +178,7 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
                 if n == 4 and isinstance(got, ValueError):
                     raise WrongAnswer(f"{what}: got {_said(got)}, expected "
                                       f"blocks {want}",
-                                      GET_MISTAKES[8].diagnosis())
+                                      GET_MISTAKES[9].diagnosis())
                 raise got
             if got != want:
                 raise WrongAnswer(f"{what}: got blocks {got}, expected "
@@ -207,12 +218,12 @@ def check_get_new_blocks(get_new_blocks, seeds: int = 12,
             pool, got, state = _run_get(fn, 5)
             if state != pool_state(_get_case()[0]):
                 raise WrongAnswer("get_new_blocks(5) with 4 free changed the "
-                                  "pool", GET_MISTAKES[6].diagnosis())
+                                  "pool", GET_MISTAKES[7].diagnosis())
             if not names_count(got, 5):
                 raise WrongAnswer(
                     f"get_new_blocks(5) with 4 free: got {_said(got)}, "
                     "expected a ValueError whose message names the 5 blocks "
-                    "asked for", GET_MISTAKES[7].diagnosis())
+                    "asked for", GET_MISTAKES[8].diagnosis())
 
         c.prop("too few free: a ValueError naming the 5 asked for, no "
                "change", refuses,

@@ -187,6 +187,22 @@ def check_free_block_queue(queue_cls, cases: int = 40, seed: int = 0, timeout: f
 
         c.probe(probe)
 
+        try:
+            blocks, q = _fresh(queue_cls, 4)
+        except Exception:  # noqa: BLE001 -- construction's own line says what
+            blocks = q = None
+
+        def delegation():
+            q.popleft_n(1)
+            q.remove(blocks[2])
+            q.append_n([blocks[0]])
+            q.prepend_n([blocks[2]])
+
+        c.written_here("FreeKVCacheBlockQueue", delegation, {
+            f"FreeKVCacheBlockQueue.{name}": fn
+            for name, fn in vars(FreeKVCacheBlockQueue).items()
+            if callable(fn) and name not in ("__init__", "__len__", "get_all_free_blocks", "check")})
+
         def construction():
             blocks, q = _fresh(queue_cls, 5)
             _check_links(q, blocks, [0, 1, 2, 3, 4], "construction")

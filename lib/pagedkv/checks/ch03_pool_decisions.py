@@ -43,13 +43,18 @@ __all__ = ["check_free_blocks", "check_touch"]
 # --------------------------------------------------------------- free_blocks
 def _free_model(before: list[int], batch: list[KVCacheBlock], *,
                 unhashed_tail=False, hashed_head=False, reverse_head=False,
-                reverse_tail=False, ignore_refs=False) -> list[int]:
+                reverse_tail=False, ignore_refs=False, all_tail=False,
+                swapped=False) -> list[int]:
     """The free queue after freeing ``batch``, with one decision swapped."""
     head, tail = [], []
     for b in batch:
         if b.ref_cnt - 1 > 0 and not ignore_refs:
             continue
-        (tail if b.block_hash is not None else head).append(b.block_id)
+        if all_tail:  # vLLM before 0.24: every freed block to the tail, in order
+            tail.append(b.block_id)
+            continue
+        hashed = b.block_hash is not None
+        (tail if hashed != swapped else head).append(b.block_id)
     if reverse_head:
         head = head[::-1]
     if reverse_tail:
@@ -86,6 +91,15 @@ FREE_MISTAKES = [
             "allocated, so no reference to it is ever taken: freeing it "
             "must change nothing (yours took its ref_cnt from 0 below 0, "
             "where the pool's check() and a later free would trip on it)"),
+    Mistake("every block to the tail (vLLM's rule before 0.24)", "an "
+            "unhashed block can never match the prefix cache: appended "
+            "behind the cached blocks it pushes them out sooner. 0.33.0 "
+            "sends blocks without a hash to the head, reused first, and only "
+            "hashed ones to the tail"),
+    Mistake("head and tail swapped", "the hashed blocks went to the head "
+            "and the unhashed ones to the tail: a block that a later prompt "
+            "can still match is the one worth keeping longest, so it waits "
+            "at the tail, and a block without a hash is reused first"),
 ]
 
 
@@ -99,7 +113,8 @@ def _diagnose_free(free_blocks, free_request) -> str | None:
         models = [
             (0, dict(unhashed_tail=True)), (1, dict(hashed_head=True)),
             (2, dict(reverse_head=True)), (3, dict(reverse_tail=True)),
-            (4, dict(ignore_refs=True)),
+            (4, dict(ignore_refs=True)), (8, dict(all_tail=True)),
+            (9, dict(swapped=True)),
         ]
         pool2, blocks2 = hashed_pool()
         for i, kw in models:
@@ -149,6 +164,16 @@ def check_free_blocks(free_blocks, free_request, seeds: int = 12,
             free_blocks(pool, blocks)
 
         c.probe(probe)
+
+        def delegation():
+            pool, blocks = hashed_pool()
+            free_blocks(pool, blocks[:3])
+            free_request(pool, blocks[3:])
+
+        c.written_here("free_blocks", delegation, {
+            "BlockPool.free_blocks": BlockPool.free_blocks,
+            "KVCacheManager.release_blocks": KVCacheManager.release_blocks,
+            "KVCacheManager.free": KVCacheManager.free})
 
         def order():
             pool, blocks = hashed_pool()
@@ -287,6 +312,9 @@ def check_touch(touch, seeds: int = 12, timeout: float = 30.0) -> CheckReport:
     """Check ``touch(pool, blocks)``, a prefix hit on the pool."""
     with Checker("touch", timeout=timeout) as c:
         c.probe(lambda: touch(_touch_case()[0], []))
+        case = _touch_case()
+        c.written_here("touch", lambda: touch(case[0], [case[1], case[2]]),
+                       {"BlockPool.touch": BlockPool.touch})
 
         def fixed():
             pool, free, held = _touch_case()

@@ -18,7 +18,8 @@ from ._harness import Mistake
 from .puzzle_harness import LEGEND, OVERRUN_MISTAKE, Case, Puzzle, access_grid
 from .puzzle_cases import (F32, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, PAD_SLOT_ID, READ_PAST,
                            TABLE_PAST, blocks_in_order, cache_read_mistake, one_past, paged_case,
-                           random_cases, reference_gather, wrap32)
+                           random_cases, reference_gather, wrap32, SCALE_MISTAKES, NO_RESCALE,
+                           scale_models)
 
 
 # ------------------------------------------------- puzzle 1: slots per request
@@ -285,7 +286,9 @@ def _puzzle_3():
         random_cases(3, lambda k, pick: _attend_case(f"random case {k}", 100 + k, n=pick(1, 32))),
         ("stays finite with scores near 400", big)],
         data=("q", "k", "v", "out"),
-        mistakes=[(NO_SCALE, no_scale), (PAD_SCORES, pad_scores)], read_mistake=read, explain=explain,
+        mistakes=[(NO_SCALE, no_scale), (PAD_SCORES, pad_scores), *scale_models(
+            lambda c, s: reference_attend(c.args["q"], c.args["k"], c.args["v"], s))],
+        read_mistake=read, explain=explain,
         nan_mistake=NO_MAX, picture=picture, guard_rows=TILE_3,
         answer=lambda a: reference_attend(**a))
 
@@ -326,6 +329,10 @@ LOG2_LSE = Mistake(
     "log2 domain",
     "it matches log2(sum(2**x)): the natural log-sum-exp is in base e throughout; base 2 "
     "gives it only with x scaled by log2(e) going in and the result by ln(2) coming out")
+LOG2_OF_SUM = Mistake(
+    "log2 of the sum",
+    "it matches m + log2(l): with exp in base e, the sum l = sum(exp(x - m)) comes back "
+    "through the natural log, m + ln(l); log2 belongs only with exp2 and scores in base 2")
 NO_MAX_BACK = Mistake(
     "the max not added back",
     "log(sum(exp(x - m))) is the log-sum-exp less m: the max taken out to keep exp finite "
@@ -342,6 +349,21 @@ def _puzzle_4():
     def log2_lse(c):
         x = c.views["x"](c.args["x"])
         return torch.logsumexp(x * math.log(2), 1) / math.log(2)
+
+    def log2_of_sum(c):  # base e throughout, but log2 at the end
+        x = c.views["x"](c.args["x"])
+        m = x.max(1).values
+        return m + torch.log2(torch.exp(x - m[:, None]).sum(1))
+
+    def falling(c):  # each row's finite entries in falling order (-inf kept in place)
+        x = c.args["x"].clone()
+        view = c.views["x"](x)
+        for row in view:
+            finite = torch.isfinite(row)
+            row[finite] = row[finite].sort(descending=True).values
+        from dataclasses import replace
+        return replace(c, label=f"{c.label}, each row in falling order", args=dict(x=x),
+                       want=reference_logsumexp(c.views["x"](x)))
 
     def no_max_back(c):
         x = c.views["x"](c.args["x"])
@@ -375,7 +397,8 @@ def _puzzle_4():
                                                   pad=pick(1, 5))),
         ("rows that start with -inf, and a row all -inf", inf)],
         data=("x", "out"),
-        mistakes=[(LOG2_LSE, log2_lse), (NO_MAX_BACK, no_max_back)], read_mistake=read, explain=explain,
+        mistakes=[(LOG2_LSE, log2_lse), (NO_MAX_BACK, no_max_back), (LOG2_OF_SUM, log2_of_sum)],
+        passes_when=[(NO_RESCALE, falling)], read_mistake=read, explain=explain,
         nan_mistake=FIRST_TILE, picture=picture, answer=lambda a: reference_logsumexp(a["x"]))
 
 # ----------------------------------------------- what the ladder reads
@@ -396,6 +419,7 @@ PICTURES = {
 MISTAKES = {
     1: [OVERRUN_MISTAKE, INT32_SLOTS, FROM_ZERO, QSL_PAST, TOKEN_PAST, TABLE_PAST, NO_PADDING],
     2: [OFF_BY_ONE_STORE, WHOLE_BLOCK, IN_ORDER, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
-    3: [OVERRUN_MISTAKE, NO_SCALE, PAD_SCORES, ROW_PAST, READ_TILE, NO_MAX],
-    4: [OVERRUN_MISTAKE, LOG2_LSE, NO_MAX_BACK, PAST_ROW, FIRST_TILE],
+    3: [OVERRUN_MISTAKE, NO_SCALE, PAD_SCORES, *(m for m, _ in SCALE_MISTAKES), ROW_PAST,
+        READ_TILE, NO_MAX],
+    4: [OVERRUN_MISTAKE, LOG2_LSE, NO_MAX_BACK, LOG2_OF_SUM, PAST_ROW, NO_RESCALE, FIRST_TILE],
 }

@@ -18,7 +18,9 @@ from ._harness import Mistake, WrongAnswer
 from .puzzle_harness import LEGEND, OVERRUN_MISTAKE, Case, Puzzle, Run, access_grid
 from .puzzle_cases import (F32, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, READ_PAST, TABLE_PAST,
                            blocks_in_order, cache_read_mistake, one_past, paged_case, random_cases,
-                           reference_gather, reference_paged_attention)
+                           reference_gather, reference_paged_attention, KV_STRIDE, NO_RESCALE,
+                           SCALE_MISTAKES, falling_scores, ln_of_sum_split,
+                           scale_models)
 from .puzzle_rules import (CAUSAL_LOOP, KV_READ_TWICE, ONE_PER_QUERY_HEAD, ONE_TILE_PER_BLOCK,
                            block_tail_not_copied, causal_bound, reads_kv_once)
 
@@ -59,7 +61,10 @@ def _decode_models():
         return reference_paged_attention(a["q"], a["key_cache"], a["value_cache"], a["block_table"], a["seq_lens"],
                           qsl, 1.0)
 
-    return [(IN_ORDER, in_order), (NO_SCALE, no_scale)]
+    def at(c, scale):
+        return _decode_answer({**c.args, "scale": scale})
+
+    return [(IN_ORDER, in_order), (NO_SCALE, no_scale), *scale_models(at)]
 
 
 def _decode_answer(a):
@@ -87,7 +92,7 @@ def _puzzle_5():
         data=("q", "key_cache", "value_cache", "out"),
         mistakes=_decode_models(), read_mistake=cache_read_mistake,
         nan_mistake=READ_PAST, picture=_decode_picture, answer=_decode_answer,
-        index_args=("block_table",))
+        index_args=("block_table",), passes_when=[(NO_RESCALE, falling_scores(_decode_answer))])
 
 
 # --------------------------------------------------- puzzle 6: GQA, a group of 3
@@ -289,6 +294,10 @@ NATURAL_LSE = Mistake(
     "lse in base e",
     "it matches the natural log-sum-exp: the merge weighs a split by 2 to the power of "
     "its lse, so the lse is in base 2, of scores taken to base 2")
+LN_OF_SUM = Mistake(
+    "ln where log2 belongs",
+    "it matches m + ln(l) with m and l in base 2: the lse is in base 2 throughout, so "
+    "the sum l = sum(2**(s - m)) comes back through log2, m + log2(l)")
 EMPTY_SEGMENT = Mistake(
     "an empty segment",
     "a split past a short request's last key sees no key: l = 0 and m = -inf. It must "
@@ -309,6 +318,12 @@ def _puzzle_8():
         partial, lse2 = reference_split_partials(**c.args)
         return partial, lse2 / LOG2E
 
+    def ln_of_sum(c):  # scores in base 2, but the natural log of their sum
+        return reference_split_partials(**c.args)[0], ln_of_sum_split(c.args)
+
+    def at(c, scale):
+        return reference_split_partials(**{**c.args, "scale": scale})
+
     def whole(c):
         a = dict(c.args)
         partial, lse = reference_split_partials(**{**a, "num_splits": 1})
@@ -321,7 +336,10 @@ def _puzzle_8():
                                                     lens=[pick(1, 40) for _ in range(pick(1, 3))],
                                                     num_splits=pick(1, 5), block_size=pick((1, 4, 16))))],
         data=("q", "key_cache", "value_cache", "out"),
-        mistakes=[(NATURAL_LSE, natural), (WHOLE_SEQUENCE, whole)], read_mistake=cache_read_mistake,
+        mistakes=[(NATURAL_LSE, natural), (WHOLE_SEQUENCE, whole), (LN_OF_SUM, ln_of_sum),
+                  *scale_models(at)],
+        passes_when=[(NO_RESCALE, falling_scores(lambda a: reference_split_partials(**a)))],
+        read_mistake=cache_read_mistake,
         nan_mistake=EMPTY_SEGMENT, picture=_split_picture, atol=5e-4,
         answer=lambda a: reference_split_partials(**a), index_args=("block_table",))
 
@@ -564,14 +582,17 @@ PICTURES = {
 
 #: The mistakes each puzzle's check names, in the order it tries them.
 MISTAKES = {
-    5: [OVERRUN_MISTAKE, IN_ORDER, NO_SCALE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST],
-    6: [PADDING_ROWS, IN_ORDER, NO_SCALE, WRONG_HEAD, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST,
+    5: [OVERRUN_MISTAKE, IN_ORDER, NO_SCALE, *(m for m, _ in SCALE_MISTAKES), TABLE_PAST,
+        OFF_BY_ONE_READ, READ_PAST, NO_RESCALE],
+    6: [PADDING_ROWS, IN_ORDER, NO_SCALE, *(m for m, _ in SCALE_MISTAKES), WRONG_HEAD, TABLE_PAST,
+        KV_STRIDE, OFF_BY_ONE_READ, READ_PAST,
         ONE_PER_QUERY_HEAD, KV_READ_TWICE],
     7: [OVERRUN_MISTAKE, NO_CAUSAL, FROM_ZERO_Q, SELF_MASKED, IN_ORDER, TABLE_PAST, OFF_BY_ONE_READ,
         READ_PAST, CAUSAL_LOOP],
-    8: [OVERRUN_MISTAKE, NATURAL_LSE, WHOLE_SEQUENCE, TABLE_PAST, OFF_BY_ONE_READ, READ_PAST,
-        EMPTY_SEGMENT],
+    8: [OVERRUN_MISTAKE, NATURAL_LSE, WHOLE_SEQUENCE, LN_OF_SUM, *(m for m, _ in SCALE_MISTAKES),
+        TABLE_PAST, OFF_BY_ONE_READ, READ_PAST, NO_RESCALE, EMPTY_SEGMENT],
     9: [OVERRUN_MISTAKE, EXP_NOT_EXP2, NOT_NORMALISED, MERGE_OVERFLOW],
     10: [OVERRUN_MISTAKE, SWAPPED, ONE_LAYER, ONE_TILE_PER_BLOCK, NOT_REFUSED],
-    11: [OVERRUN_MISTAKE, NOT_PADDED, IN_ORDER, NO_SCALE, OFF_BY_ONE_READ, READ_PAST],
+    11: [OVERRUN_MISTAKE, NOT_PADDED, IN_ORDER, NO_SCALE, *(m for m, _ in SCALE_MISTAKES),
+         OFF_BY_ONE_READ, READ_PAST],
 }

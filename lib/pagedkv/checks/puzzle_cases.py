@@ -102,6 +102,8 @@ def cache_read_mistake(case, name, idx):
     if name == "block_table":
         return TABLE_PAST
     if name in ("key_cache", "value_cache"):
+        if stride_read(case, name, idx):
+            return KV_STRIDE
         info = case.info
         per_slot = info["per_slot"]
         slots = set((idx // per_slot).tolist())
@@ -161,3 +163,146 @@ def random_cases(n: int, make) -> tuple:
         return int(torch.randint(a[0], a[1] + 1, (1,), generator=g))
 
     return (f"{RANDOM_CASES} random cases", [make(k, pick) for k in range(RANDOM_CASES)])
+
+
+# ------------------------------------------------- the numerics the book teaches
+# A wrong scale, a missing rescale and a mixed-up logarithm give answers as
+# plausible as the right one. A wrong scale is recognised by its model (the
+# reference at that scale); a missing rescale by a variant of the case on
+# which it makes no difference (keys whose scores fall, so the running max
+# never moves) and which the kernel then answers right.
+
+LN2 = 0.6931471805599453
+LOG2E_ = 1.0 / LN2
+
+SCALE_MISTAKES = [
+    (Mistake("the scale squared (1/head_dim)",
+             "it matches scores scaled by 1/head_dim, the caller's scale squared: every "
+             "score takes the caller's scale once, as given (1/sqrt(head_dim) here)"),
+     lambda scale, d: 1.0 / d),
+    (Mistake("sqrt(head_dim) for its inverse",
+             "it matches scores multiplied by sqrt(head_dim): the scale divides the dot "
+             "product by sqrt(head_dim); use the caller's scale as given"),
+     lambda scale, d: d ** 0.5),
+    (Mistake("exp2 without log2(e)",
+             "it matches a softmax of the scores times ln(2): exp2(x) is exp(x ln 2), so "
+             "base 2 gives the same softmax only when the scores are first multiplied by "
+             "log2(e) (fold it into the scale)"),
+     lambda scale, d: scale * LN2),
+    (Mistake("log2(e) with exp",
+             "it matches a softmax of the scores times log2(e): that factor belongs with "
+             "exp2, which undoes it; with exp the scores take the scale alone"),
+     lambda scale, d: scale * LOG2E_),
+]
+
+NO_RESCALE = Mistake(
+    "the running max not rescaled",
+    "it is right when every key scores lower than the one before (the first tile holds "
+    "the max) and wrong otherwise: when the running max rises from m to m_new, what was "
+    "summed so far was weighed against the old max, so the running sum (and the "
+    "accumulator) must be multiplied by exp(m - m_new) before the new tile is added")
+
+KV_STRIDE = Mistake(
+    "a K/V row stride from num_heads",
+    "it reads slot * num_heads + kv_head: a slot of the cache holds num_kv_heads heads, "
+    "not num_heads, so its row is slot * num_kv_heads + kv_head; with a group larger "
+    "than 1 the offsets run past the slots and past the cache itself")
+
+
+def scale_models(reference_at) -> list:
+    """``(Mistake, model)`` for each wrong scale; ``reference_at(case, scale)`` answers at a scale."""
+    def model(f):
+        return lambda c: reference_at(c, f(c.args["scale"], c.args["q"].shape[-1]))
+    return [(m, model(f)) for m, f in SCALE_MISTAKES]
+
+
+def _replace(case, args, want):
+    from dataclasses import replace
+    return replace(case, label=f"{case.label}, keys scoring ever lower", args=args, want=want)
+
+
+def falling_scores(answer):
+    """``variant(case)``: the paged case with every request's scores falling with position.
+
+    Key ``pos`` of request r, KV head k, is ``q * (1 - pos / seq_len)`` for
+    the query of the group's first head (every head of a group gets that
+    query): the scores fall, so the first tile holds every running max.
+    ``answer(args)`` is the reference on the new arguments.
+    """
+    def make(case):
+        a = dict(case.args)
+        q, kc = a["q"].clone(), a["key_cache"].clone()
+        kv_heads, bs = kc.shape[2], kc.shape[1]
+        group = q.shape[-2] // kv_heads
+        table, lens = a["block_table"], a["seq_lens"]
+        rows = q.shape[0]
+        if rows != len(lens):  # a prefill chunk: not this variant
+            return None
+        for r in range(rows):
+            n = int(lens[r])
+            for kh in range(kv_heads):
+                lead = q[r, kh * group].clone()
+                q[r, kh * group:(kh + 1) * group] = lead
+                for pos in range(n):
+                    b = int(table[r, pos // bs])
+                    kc[b, pos % bs, kh] = lead * (1.0 - pos / max(n, 1))
+        a.update(q=q, key_cache=kc)
+        return _replace(case, a, answer(a))
+    return make
+
+
+def stride_read(case, name, idx) -> bool:
+    """Whether the poisoned reads ``idx`` of a cache are those of rows ``slot * num_heads + kv_head``."""
+    if name not in ("key_cache", "value_cache"):
+        return False
+    a = case.args
+    heads, (nb, bs, kvh, d) = a["q"].shape[-2], a[name].shape
+    if heads == kvh or "block_table" not in a or "seq_lens" not in a:
+        return False
+    reads = set()
+    for r in range(len(a["seq_lens"])):
+        for pos in range(int(a["seq_lens"][r])):
+            slot = int(a["block_table"][r, pos // bs]) * bs + pos % bs
+            for k in range(kvh):
+                row = (slot * heads + k) * d
+                reads.update(range(row, row + d))
+    return bool(idx.size) and set(idx.tolist()) <= reads
+
+
+# ------------------------------------------------- mistakes every puzzle can make
+
+UNMASKED_MISTAKE = Mistake("an unmasked load or store", "a tile's lanes past the data are "
+                           "addresses too, and these lay outside every tensor the kernel was "
+                           "handed: the interpreter would have crashed (the check stopped it "
+                           "first), and a GPU reads or overwrites whatever lies there. Every "
+                           "live lane must stay inside its tensor")
+SMALL_DOT_MISTAKE = Mistake("a tl.dot the GPU compiler refuses", "the interpreter multiplies "
+                            "any shapes, but Triton's compiled target needs the inner dimension "
+                            "K of [M, K] x [K, N] to be at least 16 (32 for 8-bit types); M "
+                            "and N may be smaller, Triton pads them")
+INT32_INDEX_MISTAKE = Mistake("int32 index arithmetic", "a block id (or pair) loaded as int32 "
+                              "and multiplied in int32 wraps once the product passes 2**31: a "
+                              "pool's element offsets get there long before its block ids do "
+                              "(2**31 fp32 elements are 8 GiB). Every product of an index must "
+                              "be computed in int64")
+READS_A_COPY = Mistake("reads what the wrapper computed", "the inputs took new values as the "
+                       "kernel launched, and the output answers neither the old inputs nor the "
+                       "new: the kernel reads something the wrapper computed from them before "
+                       "launching. Hand the kernel the inputs themselves (a copy, a conversion "
+                       "or a padded copy is fine; arithmetic belongs in the kernel)")
+
+
+def ln_of_sum_split(a):
+    """Puzzle 8's lse as ``m + ln(l)`` with ``m`` and ``l`` in base 2 (the partials are not needed)."""
+    seg = cdiv(int(a["seq_lens"].max()), a["num_splits"])
+    out = torch.full((a["num_splits"], *a["q"].shape[:2]), float("-inf"))
+    for r in range(a["q"].shape[0]):
+        n = int(a["seq_lens"][r])
+        k = reference_gather(a["key_cache"], a["block_table"][r], n).float()
+        for split in range(a["num_splits"]):
+            lo, hi = split * seg, min((split + 1) * seg, n)
+            if lo < hi:
+                s2 = torch.einsum("hd,khd->hk", a["q"][r].float(), k[lo:hi]) * a["scale"] * LOG2E_
+                m = s2.max(-1).values
+                out[split, r] = m + torch.log(torch.exp2(s2 - m[:, None]).sum(-1))
+    return out

@@ -42,6 +42,7 @@ import torch
 from .._device import default_device
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer
 from .interpreter_probes import OutOfBounds, bounded_accesses, dot_minimum, dot_shapes, index_products
+from .puzzle_cases import INT32_INDEX_MISTAKE, READS_A_COPY, SMALL_DOT_MISTAKE, UNMASKED_MISTAKE
 from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy,
                             inputs_changed_at_launch, interpreted, skipped_triton_launches,
                             traced_accesses)
@@ -63,20 +64,6 @@ OVERRUN_MISTAKE = Mistake("stores past the output", "a tile has lanes past the o
                           "element: a store writes only elements that exist")
 TAIL_READ_MISTAKE = Mistake("loads past a buffer it allocated", "a tile has lanes past the "
                             "buffer's last element: a load reads only elements that exist")
-UNMASKED_MISTAKE = Mistake("an unmasked load or store", "a tile's lanes past the data are "
-                           "addresses too, and these lay outside every tensor the kernel was "
-                           "handed: the interpreter would have crashed (the check stopped it "
-                           "first), and a GPU reads or overwrites whatever lies there. Every "
-                           "live lane must stay inside its tensor")
-SMALL_DOT_MISTAKE = Mistake("a tl.dot the GPU compiler refuses", "the interpreter multiplies "
-                            "any shapes, but Triton's compiled target needs the inner dimension "
-                            "K of [M, K] x [K, N] to be at least 16 (32 for 8-bit types); M "
-                            "and N may be smaller, Triton pads them")
-INT32_INDEX_MISTAKE = Mistake("int32 index arithmetic", "a block id (or pair) loaded as int32 "
-                              "and multiplied in int32 wraps once the product passes 2**31: a "
-                              "pool's element offsets get there long before its block ids do "
-                              "(2**31 fp32 elements are 8 GiB). Every product of an index must "
-                              "be computed in int64")
 
 
 @dataclass
@@ -132,6 +119,8 @@ class Puzzle:
     changes: Callable | None = None
     #: index tensors (block tables, pairs) whose products must be int64
     index_args: tuple = ()
+    #: ``(Mistake, variant(case) -> Case)``: the mistake when fn is right on the variant
+    passes_when: list = field(default_factory=list)
 
 
 @dataclass
@@ -361,7 +350,20 @@ def _small_dots(run: Run) -> str | None:
     return None
 
 
-def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None:
+def _right_on_variant(puzzle: Puzzle, fn, case: Case, problem: str) -> None:
+    """Name a mistake whose variant of ``case`` ``fn`` answers right (see ``Puzzle.passes_when``)."""
+    for mistake, make in puzzle.passes_when:
+        try:
+            variant = make(case)
+            right = variant is not None and _compare(
+                run_case(fn, variant, puzzle).got, variant.want, puzzle.atol) is None
+        except Exception:  # noqa: BLE001 -- it cannot tell here
+            right = False
+        if right:
+            raise WrongAnswer(f"{case.label}: {problem}", mistake.diagnosis())
+
+
+def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None, fn=None) -> None:
     """Raise the ``WrongAnswer`` that names what went wrong, if anything did."""
     small = _small_dots(run)
     if small:
@@ -393,6 +395,8 @@ def _diagnose(puzzle: Puzzle, case: Case, run: Run, problem: str | None) -> None
                           mistake.diagnosis() if mistake else None)
     if problem is None:
         return
+    if fn is not None:
+        _right_on_variant(puzzle, fn, case, problem)
     if puzzle.explain is not None:
         mistake = puzzle.explain(case, run.got)
         if mistake is not None:
@@ -438,13 +442,6 @@ def fresh_inputs(case: Case, puzzle: Puzzle) -> dict:
     return out
 
 
-READS_A_COPY = Mistake("reads what the wrapper computed", "the inputs took new values as the "
-                       "kernel launched, and the output answers neither the old inputs nor the "
-                       "new: the kernel reads something the wrapper computed from them before "
-                       "launching. Hand the kernel the inputs themselves (a copy, a conversion "
-                       "or a padded copy is fine; arithmetic belongs in the kernel)")
-
-
 def _follows_its_inputs(puzzle: Puzzle, fn, case: Case) -> None:
     """Change the inputs as the kernel launches: the answer must be the new inputs' answer."""
     changes = (puzzle.changes or fresh_inputs)(case, puzzle) if puzzle.answer else {}
@@ -470,6 +467,12 @@ def _follows_its_inputs(puzzle: Puzzle, fn, case: Case) -> None:
     if _compare(got, case.want, puzzle.atol) is None:
         raise WrongAnswer(f"{what}, and the output still answers the old ones",
                           COPIED_MISTAKE.diagnosis())
+    # Merely wrong (the lines above say how) when it answers the new inputs handed over as such.
+    fresh_args = {k: _device_copy(v) for k, v in new_args.items()}
+    own = _bounded_call(fn, _handed(case, fresh_args), fresh_args, case, puzzle)
+    own = puzzle.result(own, fresh_args) if puzzle.result else own
+    if _compare(got, own, puzzle.atol) is None:
+        return
     raise WrongAnswer(f"{what}, and the output answers neither: {_compare(got, want, puzzle.atol)}",
                       READS_A_COPY.diagnosis())
 
@@ -518,7 +521,7 @@ def check_puzzle(puzzle: Puzzle, fn, timeout: float = 60.0) -> CheckReport:
                 for case in cases:
                     run = run_case(fn, case, puzzle)
                     launches.append(run.launches)
-                    _diagnose(puzzle, case, run, _compare(run.got, case.want, puzzle.atol))
+                    _diagnose(puzzle, case, run, _compare(run.got, case.want, puzzle.atol), fn)
             return body
 
         for name, cases in puzzle.properties:
