@@ -472,3 +472,21 @@ def test_the_design_stub_prints_one_line(capsys):
 def test_the_design_picture_shows_both_instances():
     fig = checks.plot_two_instances(0.55, 0.30)
     assert "Llama: 11,697 blocks, Qwen: 4,323 blocks" in fig.axes[0].get_xlabel()
+
+
+# ------------------------------------------------------------ issue 45: gaps readers found
+
+def test_a_whole_float_byte_count_passes_and_the_librarys_own_function_is_refused(capsys):
+    from pagedkv import budget, checks
+
+    assert checks.check_kv_bytes_per_token(lambda L, kvh, d, b: float(2 * L * kvh * d * b))
+    assert "count K and V" not in capsys.readouterr().out
+
+    def delegated(L, kvh, d, b):
+        spec = budget.model_spec("Llama-3.1-8B")
+        return budget.kv_bytes_per_token(spec) * 0 + 2 * L * kvh * d * b
+
+    report = checks.check_kv_bytes_per_token(delegated)
+    assert not report and len(report.results) == 1
+    assert "it calls the library's budget.kv_bytes_per_token" in report.results[0].detail
+    assert "Diagnosis: the library's own function" in report.results[0].detail
