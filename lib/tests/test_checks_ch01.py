@@ -490,3 +490,45 @@ def test_a_whole_float_byte_count_passes_and_the_librarys_own_function_is_refuse
     assert not report and len(report.results) == 1
     assert "it calls the library's budget.kv_bytes_per_token" in report.results[0].detail
     assert "Diagnosis: the library's own function" in report.results[0].detail
+
+
+def _refused(report, name):
+    assert not report and len(report.results) == 1, report.results
+    detail = report.results[0].detail
+    assert f"it calls the library's {name}" in detail, detail
+    assert "Diagnosis: the library's own function" in detail, detail
+
+
+def test_the_librarys_pool_count_inside_kv_pool_blocks_is_refused(capsys):
+    from pagedkv import budget, checks
+
+    def delegated(total_mib, util, weight_gib, non_kv_gib, model, bs, nbytes):
+        pool = budget.kv_pool_bytes(total_mib * budget.MiB, util, weight_gib * budget.GiB,
+                                    non_kv_gib * budget.GiB)
+        return budget.num_gpu_blocks(pool, model, bs, {1: "fp8", 2: "bf16", 4: "fp32"}[nbytes])
+
+    _refused(checks.check_kv_pool_blocks(delegated), "budget.num_gpu_blocks")
+    out = capsys.readouterr().out
+    assert "❌ kv_pool_blocks is your own code" in out, out
+
+    def via_plan(total_mib, util, weight_gib, non_kv_gib, model, bs, nbytes):
+        gpu = budget.GPUSpec("mine", total_mib, 1.0)
+        return budget.plan(gpu=gpu, model=model, gpu_memory_utilization=util, weight_gib=weight_gib,
+                           non_kv_gib=non_kv_gib, block_size=bs).num_blocks
+
+    _refused(checks.check_kv_pool_blocks(via_plan), "budget.num_gpu_blocks")
+
+
+def test_the_librarys_per_rank_and_startup_answers_are_refused():
+    from pagedkv import budget, checks
+
+    def per_rank(L, kvh, d, b, tp):
+        spec = budget.ModelSpec("mine", L, kvh, kvh, d, 1, 4096, 4096)
+        return budget.kv_bytes_per_token(spec, {1: "fp8", 2: "bf16", 4: "fp32"}[b], tp)
+
+    _refused(checks.check_kv_bytes_per_rank(per_rank), "budget.kv_bytes_per_token")
+
+    def startup(pool_bytes, model, bs, b):
+        return budget.usable_max_model_len(pool_bytes, model, bs, {1: "fp8", 2: "bf16"}[b])
+
+    _refused(checks.check_startup_max_model_len(startup), "budget.usable_max_model_len")

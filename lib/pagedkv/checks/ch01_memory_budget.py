@@ -227,6 +227,9 @@ def check_kv_pool_blocks(fn, cases: int = 200, seed: int = 0) -> CheckReport:
 
     with Checker("kv_pool_blocks") as c:
         c.probe(lambda: fn(81_559, 0.92, 14.96, 6.0, llama, 16, 2))
+        # budget.plan and pool_from_free_memory count through num_gpu_blocks too.
+        c.written_here("kv_pool_blocks", lambda: fn(81_559, 0.92, 14.96, 6.0, llama, 16, 2),
+                       {"budget.num_gpu_blocks": budget.num_gpu_blocks})
 
         def reference():
             compare((81_559, 0.92, 14.96, 6.0, llama, 16, 2), 26_785,
@@ -338,6 +341,9 @@ def check_kv_bytes_per_rank(fn, cases: int = 200, seed: int = 0,
 
     with Checker("kv_bytes_per_rank", timeout=timeout) as c:
         c.probe(lambda: fn(32, 8, 128, 2, 2))
+        c.written_here("kv_bytes_per_rank", lambda: fn(32, 8, 128, 2, 2),
+                       {"budget.kv_bytes_per_token": budget.kv_bytes_per_token,
+                        "budget.kv_heads_per_rank": budget.kv_heads_per_rank})
 
         def split():
             for tp in (1, 2, 4, 8):
@@ -485,6 +491,9 @@ def check_startup_max_model_len(fn, cases: int = 200, seed: int = 0,
     with Checker("startup_max_model_len", timeout=timeout) as c:
         pinned = 2_048 * budget.block_bytes(llama, 16)
         c.probe(lambda: fn(pinned, llama, 16, 2))
+        c.written_here("startup_max_model_len", lambda: fn(pinned, llama, 16, 2),
+                       {"budget.usable_max_model_len": budget.usable_max_model_len,
+                        "budget.num_gpu_blocks": budget.num_gpu_blocks})
 
         def override():
             compare((pinned, llama, 16, 2), 32_752,
