@@ -305,3 +305,18 @@ def test_releases_between_the_free_queue_cells_agree_with_them_when_cached():
         read += 1
     if read == 0:
         pytest.skip("no wheel between the free-queue cells is cached")
+
+
+def test_model_runner_v2_became_everyones_default_in_0_29_0():
+    # Issue 43: chapters 4 and 5 teach Model Runner V2 and say since when it is
+    # the default. Before 0.29.0 it was the default only for a list of
+    # architectures (from 0.22.0) and then for dense models (from 0.25.0); the
+    # matrix must name each change, and 0.29.0 as the first "yes".
+    from pagedkv.views.operator import changed_in
+
+    m = versions.load_matrix()
+    (row,) = [r for r in m["rows"] if r["claim"].startswith("Model Runner V2 runs by default")]
+    assert changed_in(row, m["pypi_order"]).split("; ")[-2:] == ["0.29.0", "0.32.0"]
+    first_yes = next(c["release"] for c in row["cells"] if c["value"].startswith("yes"))
+    assert first_yes == "0.29.0"
+    assert row["cells"][0]["value"].startswith("no")
