@@ -115,3 +115,40 @@ def test_an_invalid_pool_is_refused_with_its_reason(size, reason):
 def test_the_pool_design_waits_for_a_design(capsys):
     report = checks.check_pool_design(None)
     assert report.stub and capsys.readouterr().out.count("\n") == 1
+
+
+# ------------------------------------------------------------ issue 45: the misread rule named
+def _library_step():
+    sched, out, _ = tasks.run_step_trace()
+    return {"runs": list(out.num_scheduled_tokens), "preempted": list(out.preempted_req_ids),
+            "waiting": [r.request_id for r in sched.waiting]}
+
+
+def test_the_waiting_queue_in_preemption_order_is_named():
+    right = _library_step()
+    assert len(right["preempted"]) >= 2, "the trace must preempt twice for the order to show"
+    victims = right["preempted"]
+    got = {**right, "waiting": victims + [r for r in right["waiting"] if r not in victims]}
+    assert got != right
+    line = flat(checks.check_step_prediction(got).results[0])
+    assert "Diagnosis: the waiting queue in preemption order --" in line, line
+    assert "Hint:" not in line
+
+
+def test_admitting_after_a_preemption_is_named_whoever_is_admitted():
+    right = _library_step()
+    from pagedkv.engine import EngineRequest, ModelRunnerOutput, Scheduler
+    from pagedkv.kv_cache_manager import KVCacheManager
+    ns = {"KVCacheManager": KVCacheManager, "Scheduler": Scheduler,
+          "EngineRequest": EngineRequest, "ModelRunnerOutput": ModelRunnerOutput}
+    exec(tasks.STEP_TRACE.replace("out = step()", "pass"), ns)  # the trace up to step 3
+    running_before = [r.request_id for r in ns["sched"].running]
+    assert right["preempted"] and set(right["runs"]) <= set(running_before)
+    newcomer = next(r for r in right["waiting"] if r not in right["preempted"])
+    victim = right["preempted"][-1]
+    for admitted in (newcomer, victim):
+        got = {"runs": right["runs"] + [admitted], "preempted": right["preempted"],
+               "waiting": [r for r in right["waiting"] if r != admitted]}
+        line = flat(checks.check_step_prediction(got).results[0])
+        assert "Diagnosis: admitting after a preemption --" in line, (admitted, line)
+        assert "Hint:" not in line

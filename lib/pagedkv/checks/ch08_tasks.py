@@ -139,16 +139,36 @@ STEP_MISTAKES = [
             "owes the least to the request that joined last: the victim is "
             "the last running request, never the oldest",
             lambda: step_model(victim="first")),
-    Mistake("E admitted in a step that preempted", "a step that had to "
-            "preempt admits nobody: the freed blocks go to the running "
-            "requests, and the queue waits for the next step",
+    Mistake("admitting after a preemption", "a step that had to preempt "
+            "admits nobody from the waiting queue: the blocks it freed go to "
+            "the running requests, and the queue waits for the next step",
             lambda: step_model(admit_after=True)),
     Mistake("preempted requests queued at the back", "a preempted request "
             "goes back to the front of the waiting queue (appendleft), so it "
             "resumes before anyone who arrived after it; preempted one after "
             "the other, the later one ends up first",
             lambda: step_model(requeue="back")),
+    Mistake("the waiting queue in preemption order", "each preempted "
+            "request is put at the front of the queue as it is preempted "
+            "(appendleft, one at a time): the one preempted last stands "
+            "first, so the queue's front holds the victims in the reverse of "
+            "the order they were preempted in",
+            lambda: _in_preemption_order(_library_step())),
 ]
+ADMITTED_AFTER = STEP_MISTAKES[2]
+
+
+def _library_step() -> dict:
+    """Step 4 as the library runs it: who runs, who is preempted (in order), the queue after."""
+    sched, out, _ = run_step_trace()
+    return {"runs": list(out.num_scheduled_tokens), "preempted": list(out.preempted_req_ids),
+            "waiting": [r.request_id for r in sched.waiting]}
+
+
+def _in_preemption_order(step: dict) -> dict:
+    """``step`` with its victims at the queue's front in the order they were preempted."""
+    victims = list(step["preempted"])
+    return {**step, "waiting": victims + [r for r in step["waiting"] if r not in victims]}
 
 _STEP_SHAPE = ("expected predicted_step as a dict {'runs': [request ids], "
                "'preempted': [request ids, in order], 'waiting': [request "
@@ -193,15 +213,22 @@ def _compare_step(got: dict, want: dict) -> str | None:
 
 
 def _diagnose_step(got: dict) -> str | None:
-    for m in STEP_MISTAKES:
-        model = m.model()
+    right = _library_step()
+    models = [(m, m.model()) for m in STEP_MISTAKES]
+    for m, model in models:
         if sorted(model["runs"]) == sorted(got["runs"]) and all(
                 model[k] == got[k] for k in ("preempted", "waiting")):
             return m.diagnosis()
+    # Someone from the queue (one that waited, or a victim of the step) runs in a step
+    # that preempted, as predicted and in fact: admitted after the preemption.
+    before = {rid for rid, _, _ in _state_before()[0]}
+    if (right["preempted"] and got["preempted"]
+            and not set(right["runs"]) - (before - set(right["preempted"]))
+            and set(got["runs"]) - (before - set(got["preempted"]))):
+        return ADMITTED_AFTER.diagnosis()
     for key in ("preempted", "waiting"):  # one part explained
-        for m in STEP_MISTAKES:
-            model = m.model()
-            if model[key] != step_model()[key] and model[key] == got[key]:
+        for m, model in models:
+            if model[key] != right[key] and model[key] == got[key]:
                 return m.diagnosis()
     return None
 
