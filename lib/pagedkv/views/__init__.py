@@ -6,6 +6,8 @@ One concept per module:
 - ``owners``: ``BlockOwners``, who holds which block;
 - ``pool_picture`` / ``block_table_picture``: the static renderings
   (``render_pool``, ``render_block_table``), deterministic HTML;
+- ``gather_picture``: Model Runner V2's rows kept for life and the step's
+  table gathered from them (``render_gather``);
 - ``paged_layout``: PagedAttention's own picture (logical blocks, table
   entries, physical blocks), ``render_paged_layout`` and ``PagedLayoutView``;
 - ``pool_view`` / ``table_view``: the live JupyterLab views, and
@@ -37,6 +39,7 @@ _EXPORTS = {
     **dict.fromkeys(["BlockOwners"], "owners"),
     **dict.fromkeys(["BlockCell", "describe_blocks", "render_pool"], "pool_picture"),
     "render_block_table": "block_table_picture",
+    "render_gather": "gather_picture",
     "BlockPoolView": "pool_view",
     "BlockTableView": "table_view",
     **dict.fromkeys(["PagedLayout", "PagedLayoutView", "describe_layout", "render_paged_layout"], "paged_layout"),
