@@ -1,8 +1,12 @@
 """Checks for exercises/04_block_table.ipynb.
 
-The learner practises chapter 4's table:
+The learner practises chapter 4's table. Model Runner V2's pieces, what
+vLLM 0.33.0 runs by default, have modules of their own: the request rows
+(``ch04_rows``), the staged append (``ch04_staged``) and the prediction of a
+step's rows (``ch04_row_prediction``). This module keeps:
 
-* ``condense(table, num_reqs, finished_rows) -> list[(src, tgt)]``: remove
+* ``condense(table, num_reqs, finished_rows) -> list[(src, tgt)]``, the
+  exercise's optional task on the V1 runner (the fallback): remove
   the finished requests from a ``BlockTable`` whose rows ``0 ..
   num_reqs - 1`` hold the batch, and close the holes as vLLM 0.33.0's
   ``InputBatch.condense`` does: clear the finished rows (its
@@ -44,7 +48,12 @@ from ..token_pool import ReqToTokenPool
 from ._harness import (Checker, CheckReport, Mistake, WrongAnswer,
                        catalogue, expect_int, name_mistake)
 
-__all__ = ["check_condense", "check_table_bytes"]
+from .ch04_rows import check_request_rows  # noqa: E402 -- Model Runner V2's rows
+from .ch04_staged import check_staged_append  # noqa: E402 -- and its staged appends
+from .ch04_row_prediction import check_row_prediction  # noqa: E402 -- the prediction
+
+__all__ = ["check_request_rows", "check_staged_append", "check_row_prediction",
+           "check_condense", "check_table_bytes"]
 
 
 # ------------------------------------------------------------------ condense
