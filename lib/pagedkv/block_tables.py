@@ -64,8 +64,8 @@ import torch
 
 from ._device import default_device, require_kernel_device
 from .common import check_bool, check_int, require
-from .kernels.gather_block_tables import check_idx_mapping, launch_gather_block_tables
-from .kernels.slot_mapping import launch_slot_mapping
+from .kernels.gather_block_tables import check_idx_mapping, gather_block_tables_ref, launch_gather_block_tables
+from .kernels.slot_mapping import compute_slot_mapping_ref, launch_slot_mapping
 from .kernels.tensor_checks import as_index_tensor
 from .request_state import RequestState
 from .staged_write import StagedWriteTensor
@@ -154,13 +154,18 @@ class BlockTables:
         return self._num_blocks_dirty or any(t.num_staged_writes for t in self.block_tables)
 
     # -- the step -----------------------------------------------------------------------------
-    def gather_block_tables(self, idx_mapping, num_reqs_padded: int | None = None) -> tuple[torch.Tensor, ...]:
+    def gather_block_tables(self, idx_mapping, num_reqs_padded: int | None = None, *,
+                            reference: bool = False) -> tuple[torch.Tensor, ...]:
         """The step's input tables, ``[num_reqs_padded, width]`` per group: row ``i`` is row ``idx_mapping[i]``.
 
+        ``reference=True`` gathers with the kernel's PyTorch reference
+        (``gather_block_tables_ref``) instead of the Triton kernel: the same
+        tables, for a CPU engine that does not run Triton's interpreter.
         Refused before anything runs (``ValueError`` naming the entry and the
         row): a row out of range, a row twice, a free row; and
         (``RuntimeError``) writes staged but not applied.
         """
+        reference = check_bool(reference, "reference")
         idx = self._check_idx_mapping(idx_mapping)
         num_reqs = idx.numel()
         padded = num_reqs if num_reqs_padded is None else check_int(num_reqs_padded, "num_reqs_padded", num_reqs)
@@ -172,20 +177,28 @@ class BlockTables:
         idx_dev = idx.to(self.device)
         num_rows = max(padded, self._num_dirty_rows)  # also zero rows a larger batch left
         for g, table in enumerate(self.block_tables):
-            launch_gather_block_tables(table.gpu, self.num_blocks_gpu[g], idx_dev,
-                                       self.input_block_tables[g], num_rows)
+            if reference:
+                gather_block_tables_ref(table.gpu, self.num_blocks_gpu[g], idx_dev, num_rows,
+                                        out=self.input_block_tables[g])
+            else:
+                launch_gather_block_tables(table.gpu, self.num_blocks_gpu[g], idx_dev,
+                                           self.input_block_tables[g], num_rows)
         self._num_dirty_rows = padded
         self._last_idx_mapping = idx
         return tuple(t[:padded] for t in self.input_block_tables)
 
-    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions) -> torch.Tensor:
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *,
+                              reference: bool = False) -> torch.Tensor:
         """``[num_kv_cache_groups, num_tokens]`` int64 slots, read from the gathered tables.
 
-        Batch entry ``i`` owns tokens ``query_start_loc[i]:query_start_loc[i+1]``.
+        Batch entry ``i`` owns tokens ``query_start_loc[i]:query_start_loc[i+1]``;
+        ``reference=True`` computes with ``compute_slot_mapping_ref`` instead of
+        the Triton kernel.
         ``idx_mapping`` must be the one last gathered, and every position must
         fall inside its row's blocks (else a token would write into a zeroed
         cell's block 0): ``ValueError`` otherwise, before any launch.
         """
+        reference = check_bool(reference, "reference")
         idx = as_index_tensor(idx_mapping, "idx_mapping", torch.device("cpu"))
         if self._last_idx_mapping is None or not torch.equal(idx.long(), self._last_idx_mapping.long()):
             raise ValueError("idx_mapping is not the one last gathered: call gather_block_tables(idx_mapping) first")
@@ -208,7 +221,10 @@ class BlockTables:
         out = torch.empty((self.num_kv_cache_groups, pos.numel()), dtype=torch.int64, device=self.device)
         batch_dev, pos_dev = batch.to(self.device), pos.to(self.device)
         for g, block_size in enumerate(self.block_sizes):
-            launch_slot_mapping(self.input_block_tables[g], batch_dev, pos_dev, block_size, out[g])
+            if reference:
+                out[g] = compute_slot_mapping_ref(self.input_block_tables[g], batch_dev, pos_dev, block_size)
+            else:
+                launch_slot_mapping(self.input_block_tables[g], batch_dev, pos_dev, block_size, out[g])
         return out
 
     # -- validation ---------------------------------------------------------------------------

@@ -198,24 +198,34 @@ def test_a_bad_slot_mapping_is_refused_before_any_layer_writes(backend):
         model(torch.tensor([1, 2, 3], device=dev), torch.arange(3, device=dev), caches, meta, kernel_backend=chosen)
     assert not any(kc.any() or vc.any() for kc, vc in caches)
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_every_backend_computes_the_references_slots(backend):
-    """The worker's slot mapping, by each backend, equals the kernels' reference; a position past its row is refused."""
-    from pagedkv.block_table import BlockTable
-    from pagedkv.kernels import compute_slot_mapping_ref
-    from pagedkv.model.paged_attention import attention_backend
+@pytest.mark.parametrize("backend", ["torch", "torch-ref", "triton"])
+def test_every_backend_gathers_the_table_and_computes_the_references_slots(backend):
+    """The worker's gathered table and slot mapping, by each backend, equal the kernels' references.
 
-    table = BlockTable(max_num_reqs=3, max_num_blocks_per_req=4, device=pagedkv.default_device())
-    table.add_row([5, 2], 0)
-    table.add_row([7], 1)
-    table.commit(2)
-    req, pos = [0, 0, 0, 1, 1], [0, 4, 7, 1, 3]
+    Rows kept for life (Model Runner V2): the batch names rows in any order,
+    and a position past its row's blocks is refused before any slot is computed.
+    """
+    from pagedkv.block_tables import BlockTables
+    from pagedkv.kernels import compute_slot_mapping_ref, gather_block_tables_ref
+    from pagedkv.model.paged_attention import attention_backend
+    from pagedkv.request_state import RequestState
+
+    states = RequestState(3)
+    tables = BlockTables(states, [4], [4], device=pagedkv.default_device())
+    a, b = states.add_request("a"), states.add_request("b")  # rows 2 and 1
+    tables.append_block_ids(a, [[5, 2]], overwrite=True)
+    tables.append_block_ids(b, [[7]], overwrite=True)
+    tables.apply_staged_writes()
+    idx = [b, a]  # batch entry 0 is b
+    qsl, pos = torch.tensor([0, 2, 5]), torch.tensor([1, 3, 0, 4, 7])
     chosen = attention_backend(backend)
-    got = chosen.slot_mapping(table, 2, req, pos, 4)
-    want = compute_slot_mapping_ref(table.get_device_tensor(2), req, pos, 4)
-    assert got.tolist() == want.tolist() == [20, 8, 11, 29, 31]
-    with pytest.raises(IndexError, match=r"position(s\[4\] = | )4"):  # row 1 holds one block: positions 0..3
-        chosen.slot_mapping(table, 2, [0, 0, 0, 1, 1], [0, 4, 7, 1, 4], 4)
+    (got_table,), got = chosen.prepare_attn(tables, idx, qsl, pos)
+    want_table = gather_block_tables_ref(tables.block_tables[0].gpu, tables.num_blocks_gpu[0], idx)
+    assert got_table.tolist() == want_table.tolist() == [[7, 0, 0, 0], [5, 2, 0, 0]]
+    want = compute_slot_mapping_ref(want_table, [0, 0, 1, 1, 1], pos, 4)
+    assert got[0].tolist() == want.tolist() == [29, 31, 20, 8, 11]
+    with pytest.raises(ValueError, match=r"positions\[1\] = 4 is outside row 1"):  # b holds one block
+        chosen.prepare_attn(tables, idx, qsl, torch.tensor([1, 4, 0, 4, 7]))
 
 
 def test_presets():

@@ -11,9 +11,9 @@ The loop of vLLM's ``LLMEngine``/``EngineCore``, synchronous:
 Building the engine sizes the KV pool (``sizing``), runs chapter 1's startup
 check, and allocates the caches. Everything the engine decides is visible:
 ``engine.scheduler`` (queues and the last ``SchedulerOutput``),
-``engine.kv_cache_manager`` (the pool), ``engine.block_table`` (the worker's
-rows), ``engine.stats()``, and step listeners, where live views and the
-trace recorder of ``pagedkv.views`` attach.
+``engine.kv_cache_manager`` (the pool), ``engine.block_tables`` (the worker's
+rows, Model Runner V2's ``BlockTables``), ``engine.stats()``, and step
+listeners, where live views and the trace recorder of ``pagedkv.views`` attach.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class LLMEngine:
                                    scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
         self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
                              self.kernel_backend)
-        self.block_table = self.worker.block_table
+        self.block_tables = self.worker.block_tables
         self.last_scheduler_output: SchedulerOutput | None = None
         self._stats = StatsCollector()
         self._log_fn = log_fn or print
@@ -222,7 +222,6 @@ class LLMEngine:
         ids = [request_id] if parent is None else [c for c in parent.child_ids if c in self.scheduler.requests]
         for rid in ids:
             request = self.scheduler.abort_request(rid)
-            self.worker.remove_requests([rid])
             self._pending_outputs.extend(self._outputs([request], new_token=False))
 
     def has_unfinished_requests(self) -> bool:
@@ -301,8 +300,6 @@ class LLMEngine:
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
         progressed = self.scheduler.update_from_output(
             out, model_runner_output, None if self.tokenizer is None else self._decode_token)
-        # A finished request's row goes now, so that between steps the table holds the running requests.
-        self.worker.remove_requests([r.request_id for r in progressed if r.status.is_finished])
         outputs.extend(self._outputs(progressed))
         self._stats.record_step(out.total_num_scheduled_tokens - num_decode_tokens, len(progressed),
                                 len(out.preempted_req_ids), time.perf_counter() - t0)
@@ -396,7 +393,7 @@ class LLMEngine:
         """Every invariant: the manager's, the scheduler's, and the worker's table against the manager."""
         self.scheduler.check()
         self.worker.check({r.request_id: self.kv_cache_manager.get_block_ids(r.request_id)
-                           for r in self.scheduler.running})
+                           for r in self.scheduler.running}, [r.request_id for r in self.scheduler.waiting])
 
     def __repr__(self) -> str:
         return (f"LLMEngine({self.pool.num_blocks} blocks of {self.args.block_size}, max_model_len="

@@ -1,21 +1,27 @@
-"""The worker (vLLM's model runner): block-table rows, KV caches, one forward pass per step.
+"""The worker (vLLM's model runner, Model Runner V2's design): request rows, KV caches, one forward pass per step.
 
-Per step, from the scheduler's decisions:
+Per step, from the scheduler's decisions, in the order Model Runner V2 takes them:
 
-1. **Rows.** Each running request owns one row of the ``BlockTable``; rows
-   stay dense (``0..num_reqs-1``). A request that leaves (finished, aborted,
-   preempted) gives its row to the last row's request (``move_row``), as
-   vLLM's ``InputBatch.condense`` does. The worker drops the rows of the
-   step's ``finished_req_ids`` and ``preempted_req_ids``, as vLLM's runner
-   does; the engine drops a finished or aborted request's row earlier, as
-   soon as it finishes, so that between steps the table holds the running
-   requests. A request entering gets the next row with its whole block list
-   (``add_row``); a running one only appends the blocks it got this step
-   (``append_row``): the table is append-only.
+1. **Rows.** A request takes a row of the worker's tables (``RequestState``)
+   the first time it is scheduled and keeps it, wherever it sits, until it
+   finishes, is aborted or is preempted: no row ever moves. The rows of the
+   step's ``finished_req_ids`` and ``preempted_req_ids`` go back to the free
+   pool first, in sorted id order; then every new request, and every resumed
+   one (its row went at preemption; it comes back as a new request with its
+   whole block list), takes the last free row and has its blocks written from
+   column 0; a running request only appends the blocks it got this step
+   (``BlockTables.append_block_ids``). The edits are staged, and only the
+   changed entries go to the device (``apply_staged_writes``). A request that
+   finishes keeps its row until the next step's ``finished_req_ids`` frees it,
+   as vLLM's runner learns of it only then.
 2. **Copies.** Pending copy-on-write pairs run before the forward pass reads
    the cache (``copy_blocks``); the engine acknowledges them after the step.
-3. **Inputs.** Token ids and positions of every scheduled token, grouped by
-   row; the slot mapping from the committed table; ``AttentionMetadata``.
+3. **Inputs.** The step's batch order: decodes (one token) first, then the
+   others by tokens scheduled, ties in the scheduler's order. ``idx_mapping``
+   lists each batch entry's row; token ids and positions of every scheduled
+   token follow the batch order; the backend's ``prepare_attn`` gathers the
+   step's block table through ``idx_mapping`` and computes the slot mapping
+   from it; ``AttentionMetadata`` carries the gathered table.
 4. **Forward and sample.** ``model.forward``, then one token from the last
    scheduled token's logits of each request whose prompt (or recomputation)
    is complete after this step, all rows in one batched ``sampling.sample``
@@ -24,22 +30,53 @@ Per step, from the scheduler's decisions:
    stop tokens masked first; rows that asked for ``logprobs`` get them from
    the raw logits, the others cost nothing extra. The step's tokens and
    logprobs go back as one ``ModelRunnerOutput``.
+
+In vLLM 0.33.0 this is Model Runner V2's ``GPUModelRunner``, the default
+worker (``use_v2_model_runner``, ``config/vllm.py:731-767``). Its
+``execute_model`` (``v1/worker/gpu/model_runner.py:1764-1786``) calls
+``finish_requests`` (``v1/worker/gpu/model_runner.py:1188-1200``), which
+frees the rows of the finished and the preempted requests in sorted order,
+then ``add_requests`` (``v1/worker/gpu/model_runner.py:1215-1268``), which
+gives each new request a row and writes its blocks with ``overwrite=True``,
+then ``update_requests`` (``v1/worker/gpu/model_runner.py:1270-1305``), which
+appends a running request's new blocks, then ``apply_staged_writes``. Under
+V2 the scheduler sends a resumed request as a new one
+(``use_v2_model_runner``, ``v1/core/sched/scheduler.py:1642-1644``), after the
+new ones of the step. ``gather_batch_req_state``
+(``v1/worker/gpu/model_runner.py:1306-1335``) orders the batch with
+``sort_batch_req_ids`` (``v1/worker/gpu/model_runner.py:2507-2519``) and maps
+it to rows; ``prepare_attn`` (``v1/worker/gpu/model_runner.py:1595-1615``)
+gathers the tables and computes the slot mappings. Where we differ: one
+KV-cache group, no padding of the batch, and a ``SchedulerOutput`` that does
+not fit the rows is refused (``ValueError``) before any row changes, where
+vLLM trusts its scheduler. The deprecated V1 runner's persistent batch, whose
+rows stay dense (``pagedkv.block_table``), is what chapters 4 and 5 also show.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
 
-from ..block_table import BlockTable
+from ..block_tables import BlockTables
+from ..request_state import RequestState
 from .request import EngineRequest
 from .sampling import gather_logprobs, mask_tokens, sample
 from .scheduler import ModelRunnerOutput, SchedulerOutput
 from ..common import cdiv, require
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "sort_batch_req_ids"]
+
+
+def sort_batch_req_ids(num_scheduled_tokens: Mapping[str, int]) -> list[str]:
+    """The step's batch order: decodes (one token) first, then by tokens scheduled, ties in the given order.
+
+    vLLM's ``sort_batch_req_ids`` (``v1/worker/gpu/model_runner.py:2507-2519``),
+    without speculative decoding (a decode is one token).
+    """
+    return sorted(num_scheduled_tokens, key=lambda r: (num_scheduled_tokens[r] != 1, num_scheduled_tokens[r]))
 
 
 class Worker:
@@ -50,11 +87,18 @@ class Worker:
             ``allocate_kv_cache``/``forward``/``compute_logits`` contract).
         num_blocks: blocks in every layer's KV tensors (the null block included).
         block_size: tokens per block.
-        max_num_reqs: rows of the block table (``max_num_seqs``).
-        max_model_len: sizes the table's columns, ``cdiv(max_model_len, block_size)``.
+        max_num_reqs: rows of the tables (``max_num_seqs``).
+        max_model_len: sizes the tables' columns, ``cdiv(max_model_len, block_size)``.
         kernel_backend: ``"triton"``, ``"torch"`` or ``"torch-ref"``, parsed
             once into the ``attention_backend`` the model attends with and the
-            worker computes slots and copies blocks with.
+            worker gathers tables, computes slots and copies blocks with.
+
+    Attributes:
+        req_states: ``RequestState``, which request holds which row.
+        block_tables: ``BlockTables``, the rows' block ids and the step's gathered table.
+        last_req_ids, last_idx_mapping: the latest step's batch, in batch
+            order, and each entry's row.
+        last_metadata: the ``AttentionMetadata`` of the latest step.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
@@ -64,10 +108,12 @@ class Worker:
         self.block_size = block_size
         self.kernel_backend = kernel_backend  # sets attention_backend (see the property)
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
-        self.last_metadata = None  # the AttentionMetadata of the latest step
-        self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size), device=self.device)
-        self.req_ids: list[str] = []  # row -> request id; rows 0..len-1 are in use
-        self.row_of: dict[str, int] = {}
+        self.req_states = RequestState(max_num_reqs)
+        self.block_tables = BlockTables(self.req_states, [block_size], [cdiv(max_model_len, block_size)],
+                                        device=self.device)
+        self.last_metadata = None
+        self.last_req_ids: list[str] = []
+        self.last_idx_mapping: list[int] = []
 
     @property
     def kernel_backend(self) -> str:
@@ -83,64 +129,76 @@ class Worker:
     # ------------------------------------------------------------------- rows
     @property
     def num_reqs(self) -> int:
-        return len(self.req_ids)
+        """Requests holding a row."""
+        return self.req_states.num_reqs
 
     def rows(self) -> dict[str, list[int]]:
-        """``{request id: block ids}`` of every row, in row order (what the table holds)."""
-        return {rid: self.block_table.row(r) for r, rid in enumerate(self.req_ids)}
+        """``{request id: block ids}`` of every held row, in the order the rows were handed out.
 
-    def remove_requests(self, req_ids: Iterable[str]) -> None:
-        """Free the rows of requests that left; the last row moves into each hole (rows stay dense)."""
-        for rid in req_ids:
-            row = self.row_of.pop(rid, None)
-            if row is None:
-                continue  # never had a row, or already removed
-            last = len(self.req_ids) - 1
-            if row != last:
-                moved = self.req_ids[last]
-                self.block_table.move_row(last, row)
-                self.req_ids[row] = moved
-                self.row_of[moved] = row
-            self.block_table.clear_row(last)
-            self.req_ids.pop()
+        ``req_states.req_id_to_index`` says which row each one is.
+        """
+        return {rid: self.block_tables.block_ids(row)[0] for rid, row in self.req_states.req_id_to_index.items()}
+
+    def _check_rows(self, out: SchedulerOutput) -> tuple[list[str], list[str]]:
+        """``(leaving, joining)`` of ``out``, once every edit it asks for is known to fit; ``ValueError`` if not."""
+        leaving = sorted(set(out.finished_req_ids) | set(out.preempted_req_ids))
+        joining = list(out.scheduled_new_reqs) + list(out.scheduled_resumed_reqs)
+        held = self.req_states.req_id_to_index
+        width = self.block_tables.block_tables[0].gpu.shape[1]
+        for rid in out.num_scheduled_tokens:
+            if rid not in joining and rid not in out.scheduled_running_reqs:
+                raise ValueError(f"request {rid!r} is scheduled but neither new, resumed nor running")
+        for rid in out.scheduled_running_reqs:
+            if rid not in held or rid in leaving:
+                raise ValueError(f"running request {rid!r} holds no row (it was never added, or it left)")
+            n = self.block_tables.num_blocks[0, held[rid]] + len(out.new_block_ids.get(rid, []))
+            if n > width:
+                raise ValueError(f"request {rid!r} would hold {n} blocks, past the table's {width} columns")
+        free = len(self.req_states.free_indices) + sum(r in held for r in set(leaving) | set(joining))
+        if len(joining) > free:
+            raise ValueError(f"{len(joining)} requests join but only {free} rows are free")
+        for rid in joining:
+            if len(out.new_block_ids.get(rid, [])) > width:
+                raise ValueError(f"request {rid!r} would hold {len(out.new_block_ids[rid])} blocks, "
+                                 f"past the table's {width} columns")
+        return leaving, joining
 
     def _update_rows(self, out: SchedulerOutput) -> None:
-        """Finished and preempted requests leave; new and resumed ones get a row; running ones append blocks.
-
-        Under ``LLMEngine`` the finished ones have left already (see the
-        module docstring); a worker fed ``SchedulerOutput``s alone needs this.
-        """
-        self.remove_requests(out.finished_req_ids)
-        self.remove_requests(out.preempted_req_ids)
-        for rid in out.num_scheduled_tokens:
+        """Leaving requests free their rows; joining ones take one; running ones append blocks; then one apply."""
+        leaving, joining = self._check_rows(out)
+        for rid in leaving:  # finish_requests: sorted, as vLLM frees them
+            self.req_states.remove_request(rid)
+        for rid in joining:  # add_requests: new, then resumed
+            self.req_states.remove_request(rid)  # vLLM's runner re-adds a request it holds afresh
+            row = self.req_states.add_request(rid)
+            self.block_tables.append_block_ids(row, [out.new_block_ids.get(rid, [])], overwrite=True)
+        for rid in out.scheduled_running_reqs:  # update_requests: only this step's blocks
             ids = out.new_block_ids.get(rid, [])
-            row = self.row_of.get(rid)
-            if row is None:
-                row = len(self.req_ids)
-                self.block_table.add_row(ids, row)
-                self.req_ids.append(rid)
-                self.row_of[rid] = row
-            elif ids:
-                self.block_table.append_row(ids, row)
+            if ids:
+                self.block_tables.append_block_ids(self.req_states.req_id_to_index[rid], [ids], overwrite=False)
+        self.block_tables.apply_staged_writes()  # only the changed entries reach the device
 
     # ----------------------------------------------------------------- a step
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput, requests: Mapping[str, EngineRequest]) -> ModelRunnerOutput:
-        """Run one step; the tokens sampled for requests that complete a prompt or decode, and their logprobs."""
+        """Run one step; the tokens sampled for requests that complete a prompt or decode, and their logprobs.
+
+        A ``SchedulerOutput`` that does not fit the rows (a running request
+        without a row, more arrivals than free rows, a row past the table's
+        width) is refused with ``ValueError`` before any row changes.
+        """
         from ..model import AttentionMetadata
 
         self._update_rows(out)
         if out.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput()
-        num_reqs = len(self.req_ids)  # rows 0..num_reqs-1 are in use
-        self.block_table.commit(num_reqs)
         backend = self.attention_backend
         if out.cow_pairs:  # before anything reads the cache
             backend.copy_blocks(self.kv_caches, out.cow_pairs)
 
-        # Requests in row order, so the table's first rows can be passed without a copy.
-        sched = sorted(out.num_scheduled_tokens, key=self.row_of.__getitem__)
-        rows = np.fromiter((self.row_of[r] for r in sched), dtype=np.int64, count=len(sched))
+        # The batch: decodes first; idx_mapping[i] is the row of batch entry i.
+        sched = sort_batch_req_ids(out.num_scheduled_tokens)
+        idx_mapping = self.req_states.idx_mapping(sched)
         q_lens = np.fromiter((out.num_scheduled_tokens[r] for r in sched), dtype=np.int64, count=len(sched))
         starts = np.fromiter((out.num_computed_tokens[r] for r in sched), dtype=np.int64, count=len(sched))
         token_ids: list[int] = []
@@ -149,27 +207,23 @@ class Worker:
         cu = np.zeros(len(sched) + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
         total = int(cu[-1])
-        # position of token t of request i: starts[i] + (t - cu[i])
-        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens)
-        req_indices = np.repeat(rows, q_lens)
+        # position of token t of batch entry i: starts[i] + (t - cu[i])
+        positions = torch.from_numpy(np.arange(total, dtype=np.int64) - np.repeat(cu[:-1] - starts, q_lens))
+        query_start_loc = torch.from_numpy(cu.astype(np.int32))
 
-        slot_mapping = backend.slot_mapping(self.block_table, num_reqs, req_indices, positions, self.block_size)
-        if np.array_equal(rows, np.arange(len(sched))):
-            table = self.block_table.get_device_tensor(len(sched))
-        else:  # some running requests sit this step out: gather the scheduled rows
-            table = self.block_table.get_device_tensor().index_select(
-                0, torch.from_numpy(rows).to(self.device))
+        # The step's table, gathered through idx_mapping; the slots read from it.
+        tables, slot_mappings = backend.prepare_attn(self.block_tables, idx_mapping, query_start_loc, positions)
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            block_table=table,
+            slot_mapping=slot_mappings[0].to(dev),
+            block_table=tables[0],
             seq_lens=torch.from_numpy((starts + q_lens).astype(np.int32)).to(dev),
-            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+            query_start_loc=query_start_loc.to(dev),
         )
         self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
+        self.last_req_ids, self.last_idx_mapping = sched, idx_mapping
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        hidden = self.model.forward(input_ids, torch.from_numpy(positions).to(dev), self.kv_caches, meta,
-                                    kernel_backend=backend)
+        hidden = self.model.forward(input_ids, positions.to(dev), self.kv_caches, meta, kernel_backend=backend)
 
         # Sample only where the whole sequence is now computed (the last token's logits are the next token's).
         done = [i for i, rid in enumerate(sched) if starts[i] + q_lens[i] == requests[rid].num_tokens]
@@ -233,17 +287,21 @@ class Worker:
                       column([r.num_output_tokens for r in reqs], torch.int64))
 
     # ----------------------------------------------------------------- checks
-    def check(self, expected: Mapping[str, list[int]]) -> None:
-        """The table holds exactly ``expected`` (request id -> block ids), rows dense; ``InvariantError`` if not."""
-        self.block_table.check()
-        require(len(self.req_ids) == len(self.row_of)
-                and all(self.row_of.get(r) == i for i, r in enumerate(self.req_ids)),
-                "row index agrees with the row list", lambda: f"rows {self.req_ids}, index {self.row_of}")
-        require(int(self.block_table.num_blocks_per_row[self.num_reqs:].sum()) == 0,
-                "rows past the batch are empty", f"{self.num_reqs} rows in use")
+    def check(self, expected: Mapping[str, list[int]], waiting=()) -> None:
+        """Every running request (``expected``: id -> block ids) holds a row with exactly its blocks; ``InvariantError`` if not.
+
+        Also the tables' own invariants, and that no request in ``waiting``
+        holds a row (a preempted one gave its row back). Other held rows are
+        those of requests finished since the last step: the next step frees them.
+        """
+        self.block_tables.check()
+        held = self.req_states.req_id_to_index
+        missing = sorted(set(expected) - set(held))
+        require(not missing, "every running request holds a row", lambda: f"no row for {missing}")
         rows = self.rows()
-        require(set(rows) == set(expected), "one row per running request",
-                lambda: f"table rows {sorted(rows)}, running {sorted(expected)}")
         for rid, ids in expected.items():
             require(rows[rid] == list(ids), "a row holds its request's blocks",
-                    lambda: f"row of {rid!r} holds {rows[rid]}, the manager says {list(ids)}")
+                    lambda: f"row {held[rid]} of {rid!r} holds {rows[rid]}, the manager says {list(ids)}")
+        stale = sorted(set(waiting) & set(held))
+        require(not stale, "a waiting request holds no row",
+                lambda: f"{stale[0]!r} still holds row {held[stale[0]]}")

@@ -4,8 +4,8 @@
 one object, once: ``TritonBackend`` (the kernels), ``TorchBackend`` (the
 batched PyTorch path below) or ``ReferenceBackend`` (the kernels'
 references). ``Model.forward`` asks it for a plan once per step and runs
-every layer through it; the worker takes its slot mapping and block copies
-from the same object.
+every layer through it; the worker takes the step's gathered block table,
+its slot mapping and block copies from the same object.
 
 The reference ``kernels.paged_attention_ref`` gathers and attends request by
 request (a Python loop per layer) and expands K/V for grouped-query heads
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -124,9 +123,10 @@ class AttentionBackend:
       writes this step's K/V into their slots (``reshape_and_cache``), then
       attends through the block table (``paged_attention``), with no further
       check and no host round trip;
-    * ``slot_mapping(block_table, num_reqs, req_indices, positions, block_size)``
-      and ``copy_blocks(kv_caches, block_pairs)``: what the worker computes and
-      copies with, from the same family of kernels.
+    * ``prepare_attn(block_tables, idx_mapping, query_start_loc, positions)``
+      and ``copy_blocks(kv_caches, block_pairs)``: what the worker gathers the
+      step's block tables, computes the slot mapping and copies with, from the
+      same family of kernels.
     """
 
     name = ""
@@ -140,10 +140,25 @@ class AttentionBackend:
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
         raise NotImplementedError
 
-    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
-        """Slots of this step's tokens, by the kernels' PyTorch reference (each backend below has its own)."""
-        return self.kernels.compute_slot_mapping_ref(block_table.get_device_tensor(num_reqs), req_indices,
-                                                     positions, block_size)
+    #: Whether ``prepare_attn`` gathers and maps slots with the kernels' PyTorch references.
+    reference_block_tables = True
+
+    def prepare_attn(self, block_tables, idx_mapping, query_start_loc, positions):
+        """The step's gathered block tables and slot mappings, as Model Runner V2's ``prepare_attn`` builds them.
+
+        ``block_tables`` is the worker's ``pagedkv.block_tables.BlockTables``;
+        batch entry ``i`` is the request at row ``idx_mapping[i]`` and owns
+        tokens ``query_start_loc[i]:query_start_loc[i+1]`` at ``positions``.
+        Returns ``(tables, slot_mappings)``: one ``[num_reqs, width]`` table
+        per KV-cache group, and ``[num_groups, num_tokens]`` slots read from
+        those tables. The Triton backend runs the kernels; the others their
+        PyTorch references (Triton's interpreter would cost a CPU step more
+        than the step itself). A position beyond its row's blocks is refused
+        (``ValueError``) before any slot is computed.
+        """
+        ref = self.reference_block_tables
+        tables = block_tables.gather_block_tables(idx_mapping, reference=ref)
+        return tables, block_tables.compute_slot_mappings(idx_mapping, query_start_loc, positions, reference=ref)
 
     def copy_blocks(self, kv_caches, block_pairs) -> None:
         """Copy-on-write copies, every layer, by the PyTorch reference (the Triton backend launches the kernel)."""
@@ -173,8 +188,7 @@ class TritonBackend(AttentionBackend):
         return self.kernels.attention.launch_planned(plan.attention, q.contiguous(), key_cache, value_cache,
                                                      m.block_table, m.seq_lens, m.query_start_loc, plan.scale)
 
-    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
-        return block_table.compute_slot_mapping(req_indices, positions, block_size)
+    reference_block_tables = False
 
     def copy_blocks(self, kv_caches, block_pairs) -> None:
         self.kernels.copy_blocks(kv_caches, block_pairs)
@@ -188,23 +202,6 @@ class TorchBackend(AttentionBackend):
     def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
         self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
         return StepPlan(meta, scale, plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0]))
-
-    def slot_mapping(self, block_table, num_reqs: int, req_indices, positions, block_size: int) -> torch.Tensor:
-        """The slot formula on the host's copy of the table, in numpy, as vLLM's CPU runner computes it.
-
-        The worker builds ``req_indices`` and ``positions`` itself (no padding
-        rows), so only the one thing that could still go wrong is checked: a
-        position beyond its row's blocks, which would read a stale cell.
-        ``build`` then checks the slots themselves, once per step.
-        """
-        req, pos = np.asarray(req_indices, dtype=np.int64), np.asarray(positions, dtype=np.int64)
-        cols = pos // block_size
-        beyond = (req < 0) | (cols >= block_table.num_blocks_per_row[req.clip(0)])
-        if beyond.any():
-            i = int(beyond.nonzero()[0][0])
-            raise IndexError(f"token {i} (row {req[i]}, position {pos[i]}) lies beyond its row's "
-                             f"{block_table.num_blocks_per_row[max(req[i], 0)]} blocks of {block_size}")
-        return torch.from_numpy(block_table.np[req, cols].astype(np.int64) * block_size + pos % block_size)
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
         batch = plan.attention
