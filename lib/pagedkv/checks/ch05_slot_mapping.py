@@ -45,8 +45,10 @@ from .kernel_probes import (GUARD_BLOCK_ID, count_triton_launches, guarded_rows,
 from .slot_mistakes import SLOT_MISTAKES, diagnose_slots
 from ..common import cdiv
 from .ch05_tasks import check_both_kernels, check_slot_prediction  # noqa: E402 -- the prediction, both kernels
+from .ch05_gather import check_gather_block_tables, check_gather_kernel, check_gathered_slot_mapping  # noqa: E402
 
-__all__ = ["check_slot_mapping_numpy", "check_slot_mapping_kernel",
+__all__ = ["check_gather_block_tables", "check_gather_kernel", "check_gathered_slot_mapping",
+           "check_slot_mapping_numpy", "check_slot_mapping_kernel",
            "check_kv_write_kernel", "check_slot_prediction", "check_both_kernels"]
 
 BLOCK_SIZES = (1, 8, 16, 32, 128)

@@ -1,16 +1,18 @@
 """Exercise 5's prediction task, and the check of its two kernels together.
 
 * ``check_slot_prediction(predicted_slots)``: the notebook shows
-  ``SLOT_TRACE``, a worker's block table edited as chapter 4 edits it (rows
-  added, one grown at its tail, one moved into a finished request's hole)
-  and one step's tokens (a chunk of B's prompt, a decode token of C,
-  padding); the reader writes the step's slot mapping before running it. The
-  checker runs the trace on the library, compares, and on a mismatch draws
-  chapter 5's block-major picture twice, side by side: each token of the
-  step at the slot the trace gives it, and at the slot predicted. A wrong
-  mapping is named by the slot-formula mistakes (``SLOT_MISTAKES``) or by a
-  misread table edit (the move ignored, the tail append taken for a
-  replacement).
+  ``SLOT_TRACE``, a worker's rows and tables under Model Runner V2 (three
+  requests take rows and blocks, one finishes, a new one takes its row,
+  another grows at its tail; the step's rows are gathered) and one step's
+  tokens (a chunk of B's prompt, a token of D, C's decode token); the reader
+  writes the step's slot mapping before running it. The checker runs the
+  trace on the library (``RequestState``, ``BlockTables``), compares, and on
+  a mismatch draws chapter 5's block-major picture twice, side by side: each
+  token of the step at the slot the trace gives it, and at the slot
+  predicted. A wrong mapping is named by the slot-formula mistakes
+  (``SLOT_MISTAKES``) or by a misread step (D's overwrite taken for an
+  append, B's append for a replacement, the per-request rows read by batch
+  entry).
 * ``check_both_kernels(slot_mapping, kv_write)``: the learner's two kernels
   in one step (three requests, block size 4), compared with the library's,
   without the notebook importing them.
@@ -24,9 +26,10 @@ import numpy as np
 import torch
 
 from .._device import default_device
-from ..block_table import BlockTable
+from ..block_tables import BlockTables
 from ..kernels.kv_write import reshape_and_cache_ref
 from ..kernels.slot_mapping import compute_slot_mapping_ref
+from ..request_state import RequestState
 from ..views.style import owner_color
 from ._harness import Checker, CheckReport, Mistake, catalogue, name_mistake
 from .predict_harness import PredictionReport, check_prediction
@@ -37,60 +40,78 @@ __all__ = ["check_slot_prediction", "check_both_kernels", "SLOT_TRACE", "run_slo
 # ============================================================ the prediction
 #: The trace, as the notebook shows it (and as the checker runs it).
 SLOT_TRACE = """\
-table = BlockTable(max_num_reqs=3, max_num_blocks_per_req=4, device="cpu")
-table.add_row([9, 2], 0)             # A: 6 tokens in blocks of 4
-table.add_row([5], 1)                # B: the first block of its prompt
-table.add_row([4, 8, 1], 2)          # C: 9 tokens
-table.append_row([11], 1)            # B's prompt needs a second block
-table.move_row(2, 0)                 # A finished: C moves into row 0
-table.commit(2)                      # rows 0 (C) and 1 (B) in use
+rows = RequestState(max_num_reqs=4)
+tables = BlockTables(rows, block_sizes=[4], max_num_blocks_per_group=[4])
+for name, blocks in [("A", [9, 2]), ("B", [5]), ("C", [4, 8, 1])]:
+    row = rows.add_request(name)
+    tables.append_block_ids(row, [blocks], overwrite=True)
+rows.remove_request("A")                 # A finishes
+row = rows.add_request("D")              # D arrives: 6 tokens
+tables.append_block_ids(row, [[2, 7]], overwrite=True)
+b_row = rows.idx_mapping(["B"])[0]       # B's prompt needs a second block
+tables.append_block_ids(b_row, [[11]], overwrite=False)
+tables.apply_staged_writes()
 
-# This step: positions 3..6 of B's prompt, C's decode token (position 9),
-# and two padding tokens.
-req_indices = np.array([1, 1, 1, 1, 0, -1, -1])
-positions = np.array([3, 4, 5, 6, 9, 0, 0])
-slots = table.compute_slot_mapping(req_indices, positions, block_size=4)
+# This step: positions 3..6 of B's prompt, D's position 5, C's position 9.
+idx_mapping = rows.idx_mapping(["B", "D", "C"])
+tables.gather_block_tables(idx_mapping)
+slots = tables.compute_slot_mappings(idx_mapping, query_start_loc=[0, 4, 5, 6],
+                                     positions=[3, 4, 5, 6, 5, 9])[0]
 """
 
 _B, _NUM_BLOCKS = 4, 12
-_NAMES = {0: "C", 1: "B"}
+_BATCH = ["B", "D", "C"]
+_QSL = [0, 4, 5, 6]
+_ENTRIES = np.array([0, 0, 0, 0, 1, 2])
+_POSITIONS = np.array([3, 4, 5, 6, 5, 9])
+#: Each request's blocks once the trace has run.
+_BLOCKS = {"B": [5, 11], "D": [2, 7], "C": [4, 8, 1]}
 
 
 def run_slot_trace():
-    """Run ``SLOT_TRACE`` on the library: the table, the step's tokens, the slots."""
-    namespace: dict = {"BlockTable": BlockTable, "np": np}
+    """Run ``SLOT_TRACE`` on the library: (blocks by request, each token's batch entry, positions, slots)."""
+    namespace: dict = {"RequestState": RequestState, "BlockTables": BlockTables}
     exec(SLOT_TRACE, namespace)  # noqa: S102 -- the module's own constant
-    return (namespace["table"], namespace["req_indices"], namespace["positions"],
-            [int(s) for s in namespace["slots"]])
+    rows, tables = namespace["rows"], namespace["tables"]
+    blocks = {name: tables.block_ids(rows.idx_mapping([name])[0])[0] for name in _BATCH}
+    return blocks, _ENTRIES.copy(), _POSITIONS.copy(), [int(s) for s in namespace["slots"].cpu()]
 
 
-def _rows(*, moved=True, appended=True) -> np.ndarray:
-    """The table's rows as the trace leaves them, one edit misread."""
+def _gathered(*, d_appended=False, b_replaced=False) -> np.ndarray:
+    """The step's gathered table (entries B, D, C), one edit misread."""
     rows = np.zeros((3, 4), dtype=np.int32)
-    rows[0, :2] = [9, 2]
-    rows[1, :2] = [5, 11] if appended else [11, 0]
-    if moved:
-        rows[0, :3] = [4, 8, 1]
-    else:
-        rows[2, :3] = [4, 8, 1]
+    b = [11] if b_replaced else [5, 11]
+    d = [9, 2, 2, 7] if d_appended else [2, 7]
+    for i, ids in enumerate((b, d, [4, 8, 1])):
+        rows[i, :len(ids)] = ids
     return rows
 
 
-def _formula(rows, reqs, positions) -> list[int]:
-    out = []
-    for r, p in zip(reqs.tolist(), positions.tolist()):
-        out.append(-1 if r == -1 else int(rows[r, p // _B]) * _B + p % _B)
-    return out
+def _by_request_row() -> np.ndarray:
+    """The per-request table read by batch entry: rows 0 (never held), 1 (C), 2 (B)."""
+    rows = np.zeros((3, 4), dtype=np.int32)
+    rows[1, :3] = [4, 8, 1]
+    rows[2, :2] = [5, 11]
+    return rows
+
+
+def _formula(rows, entries, positions) -> list[int]:
+    return [int(rows[e, p // _B]) * _B + p % _B for e, p in zip(entries.tolist(), positions.tolist())]
 
 
 TRACE_MISTAKES = [
-    Mistake("the move ignored", "move_row(2, 0) copies C's row into row 0 "
-            "and clears row 2: from then on req_indices 0 means C, and A's "
-            "old blocks are named by no row",
-            lambda reqs, pos: _formula(_rows(moved=False), reqs, pos)),
-    Mistake("the tail append read as a replacement", "append_row adds B's "
-            "block 11 after block 5, at column 1; the entries already in the "
-            "row never move", lambda reqs, pos: _formula(_rows(appended=False), reqs, pos)),
+    Mistake("D's overwrite read as an append", "D takes the row A left, and "
+            "overwrite=True writes its blocks from column 0: A's old ids are "
+            "not D's, and D's position 5 is in its own block 7",
+            lambda entries, pos: _formula(_gathered(d_appended=True), entries, pos)),
+    Mistake("the tail append read as a replacement", "overwrite=False adds "
+            "B's block 11 after block 5, at column 1; the entries already in "
+            "the row never move",
+            lambda entries, pos: _formula(_gathered(b_replaced=True), entries, pos)),
+    Mistake("the per-request rows read by batch entry", "entry i of the "
+            "step is row idx_mapping[i] of the per-request table; the gather "
+            "puts it at row i of the step's table, which is what the slot "
+            "mapping reads", lambda entries, pos: _formula(_by_request_row(), entries, pos)),
 ]
 
 
@@ -107,9 +128,8 @@ def _read_slots(predicted, n: int) -> list[int]:
     return [int(s) for s in got]
 
 
-def _describe(k: int, reqs, positions) -> str:
-    r = int(reqs[k])
-    return "padding" if r == -1 else f"{_NAMES[r]}'s position {int(positions[k])}"
+def _describe(k: int, entries, positions) -> str:
+    return f"{_BATCH[int(entries[k])]}'s position {int(positions[k])}"
 
 
 def _compare_slots(got, want, reqs, positions) -> str | None:
@@ -125,8 +145,8 @@ def _pale(colour: str) -> str:
     return "#" + "".join(f"{(c + 255) // 2:02x}" for c in (r, g, b))
 
 
-def plot_step_slots(table, reqs, positions, sides: dict[str, list[int]], block_size: int = _B,
-                    num_blocks: int = _NUM_BLOCKS):
+def plot_step_slots(blocks, reqs, positions, sides: dict[str, list[int]], block_size: int = _B,
+                    num_blocks: int = _NUM_BLOCKS, names=tuple(_BATCH)):
     """Chapter 5's block-major picture of one step, once per entry of ``sides``.
 
     One row per physical block, one column per offset; the blocks the
@@ -139,8 +159,8 @@ def plot_step_slots(table, reqs, positions, sides: dict[str, list[int]], block_s
     from matplotlib.patches import Rectangle
 
     owners = {}
-    for r, name in _NAMES.items():
-        for b in table.row(r):
+    for name, ids in blocks.items():
+        for b in ids:
             owners[b] = name
     fig, axes = plt.subplots(1, len(sides), figsize=(3.4 * len(sides), 0.9 + 0.34 * num_blocks))
     axes = np.atleast_1d(axes)
@@ -156,11 +176,11 @@ def plot_step_slots(table, reqs, positions, sides: dict[str, list[int]], block_s
             r = int(reqs[k])
             if r == -1 and s == -1:
                 continue
-            label = "pad" if r == -1 else f"{_NAMES[r]}{int(positions[k])}"
+            label = "pad" if r == -1 else f"{names[r]}{int(positions[k])}"
             if not 0 <= s < num_blocks * block_size:
                 notes.append(f"{label}: slot {s}")
                 continue
-            colour = "#adb5bd" if r == -1 else owner_color(_NAMES[r])
+            colour = "#adb5bd" if r == -1 else owner_color(names[r])
             cells.setdefault(s, (colour, []))[1].append(label)
         for s, (colour, labels) in cells.items():
             shared = len(labels) > 1
@@ -184,26 +204,26 @@ def plot_step_slots(table, reqs, positions, sides: dict[str, list[int]], block_s
 
 
 def check_slot_prediction(predicted_slots) -> PredictionReport:
-    """Grade a prediction of the slot mapping ``SLOT_TRACE``'s step gives its seven tokens."""
-    table, reqs, positions, want = run_slot_trace()
-    assert want == _formula(_rows(), reqs, positions), "the trace and its model disagree (a bug in pagedkv)"
+    """Grade a prediction of the slot mapping ``SLOT_TRACE``'s step gives its six tokens."""
+    blocks, reqs, positions, want = run_slot_trace()
+    assert want == _formula(_gathered(), reqs, positions), "the trace and its model disagree (a bug in pagedkv)"
 
     def diagnose(got):
         for m in TRACE_MISTAKES:
             if m.model(reqs, positions) == got:
                 return m.diagnosis()
-        return name_mistake(got, (_rows(), reqs, positions, _B), SLOT_MISTAKES)
+        return name_mistake(got, (_gathered(), reqs, positions, _B), SLOT_MISTAKES)
 
     return check_prediction(
         "prediction", "predicted_slots", predicted_slots, want,
         read=lambda p: _read_slots(p, len(want)),
         compare=lambda got, w: _compare_slots(got, w, reqs, positions),
-        draw=lambda got: plot_step_slots(table, reqs, positions,
+        draw=lambda got: plot_step_slots(blocks, reqs, positions,
                                          {"the trace's slots": want, "your slots": got}),
         diagnose=diagnose,
         name="your slot mapping is the step's",
-        hint="first the rows as the edits leave them; then, token by token, "
-             "its row's entry at position // 4 and the offset in that block")
+        hint="first each request's blocks as the appends leave them; then, token "
+             "by token, the block at position // 4 and the offset in that block")
 
 
 catalogue(check_slot_prediction, TRACE_MISTAKES, SLOT_MISTAKES)
