@@ -7,7 +7,10 @@ After the preemption loop (``ch08_serving_engine``) the learner writes:
    step (preemptions, resumptions, prefix hits, chunked prompts, a full table
    that a request joins as another leaves) and
    comparing the learner's table, request by request, with the engine's own
-   worker table after every step.
+   worker table after every step. The learner's table keeps its rows dense
+   (``0..n-1``, the deprecated V1 runner's persistent batch, as the exercise
+   asks); the engine's worker keeps a row per request for its life (Model
+   Runner V2), so the two are compared by request, never by row number.
 2. ``tokens_this_step(budget, running, waiting, max_num_seqs)``: how many
    tokens each request gets in a step under chunked prefill. Checked against
    ``Scheduler.schedule``'s ``num_scheduled_tokens`` on random states of a
@@ -100,8 +103,9 @@ TABLE_MISTAKES = [
 
 
 def _apply_the_worker_rule(prev: dict, out, rid: str) -> list:
-    """Row of ``rid`` after ``out``: what the worker did, for a request
-    that finished in this step (the worker has dropped its row since)."""
+    """Row of ``rid`` after ``out`` by the rule the learner applies, for a
+    request that finished in this step (the worker frees its row only when
+    a later step's ``finished_req_ids`` names it)."""
     ids = list(out.new_block_ids.get(rid, []))
     if rid in out.scheduled_running_reqs:
         return list(prev.get(rid, [])) + ids
