@@ -36,11 +36,10 @@ The copy protocol, explicitly:
    references. Until then neither end can be recycled, even if the request is
    freed in the meantime (a cancelled request cannot revoke an issued copy).
 
-Steps 2 and 3 are this library's protocol, not vLLM's. vLLM 0.33.0's
-scheduler drains the pairs with ``take_kv_cache_block_copies()``, which also
-returns the retained endpoints, ships the pairs in ``SchedulerOutput`` and
-releases the endpoints itself once the step that runs them is processed
-(behind a step fence when it defers frees); there is no acknowledgement call.
+Steps 2 and 3 are this library's protocol, not vLLM's. vLLM 0.33.0's scheduler
+drains the pairs with ``take_kv_cache_block_copies()`` (returning the retained
+endpoints), ships them in ``SchedulerOutput`` and releases the endpoints once
+the step that runs them is processed; there is no acknowledgement call.
 
 Prefix-cache entries
 --------------------
@@ -51,13 +50,12 @@ live here, in ``partial_hash_to_block``, because the pool keeps one hash per
 block, and every such boundary of a computed block gets one. vLLM 0.33.0
 differs on both counts: its block pool holds partial entries as extra keys
 owned by the block (``BlockPool.cache_partial_block``), and a request records
-only one, at the prompt's last hash boundary when that ends inside a block. A partial entry names a prefix whose KV is already *computed* (it is
-recorded from ``request.num_computed_tokens``, which the scheduler advances
-after each step): a copy reads its source before the forward pass, so the
-source's valid slots must already hold real KV. Slots once written are never
-rewritten while a block is held, so an entry stays valid until the pool hands
-its block out again; it dies there (the same rule as the pool's: eviction at
-reuse).
+only one, at the prompt's last hash boundary when that ends inside a block.
+A partial entry names a prefix whose KV is already *computed* (recorded from
+``request.num_computed_tokens`` as a step is scheduled, before it advances): a
+copy reads its source before the forward pass, so its valid slots must hold
+real KV. Slots once written are not rewritten while a block is held, so an
+entry stays valid until the pool hands its block out again (eviction at reuse).
 """
 
 from __future__ import annotations
@@ -355,15 +353,29 @@ class KVCacheManager:
                 self.redirect_partial_hit(req_blocks, len(hit) - 1, new_blocks[0])
             req_blocks.extend(new_blocks[partial_hit:])
 
-            # Cache the blocks this step fills, as soon as it is scheduled (vLLM's cache_blocks).
-            num_full = (num_computed + num_new_tokens) // B
-            if self.enable_caching and num_full > self.num_cached_block[rid]:
-                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
-                                                  self.num_cached_block[rid], num_full)
-                self.num_cached_block[rid] = num_full
+            # Cache the blocks this step fills, as soon as it is scheduled, up to the tokens known
+            # (a placeholder has no token, so no hash, yet): vLLM's num_tokens_to_cache.
+            self._cache_full(request, min(num_computed + num_new_tokens, request.num_tokens))
             if self.enable_caching and r > 1:  # partial prefixes exist only with a finer match unit
                 self._record_partial_entries(request)
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the blocks the first ``num_computed_tokens`` known tokens fill (vLLM's name): under async
+        scheduling a step's input may be a placeholder when scheduled, so its block is cached on output."""
+        check_int(num_computed_tokens, "num_computed_tokens", 0)
+        if request.request_id not in self.req_to_blocks:
+            raise KeyError(f"request {request.request_id!r} holds no blocks")
+        with self.block_pool.deferred_events():
+            self._cache_full(request, min(num_computed_tokens, request.num_tokens))
+
+    def _cache_full(self, request: Request, num_tokens: int) -> None:
+        rid, r, req_blocks = request.request_id, self.hashes_per_block, self.req_to_blocks[request.request_id]
+        num_full = min(num_tokens // self.block_size, len(req_blocks))
+        if self.enable_caching and num_full > self.num_cached_block[rid]:
+            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes[r - 1::r],
+                                              self.num_cached_block[rid], num_full)
+            self.num_cached_block[rid] = num_full
 
     def _check_allocation(self, request: Request, req_blocks: list[KVCacheBlock], num_new_tokens: int,
                           num_new_computed_tokens: int, hit: list[KVCacheBlock],
@@ -385,9 +397,11 @@ class KVCacheManager:
             raise TypeError(f"has_scheduled_reqs must be a bool or None, got "
                             f"{type(has_scheduled_reqs).__name__} {has_scheduled_reqs!r}")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        if num_computed + num_new_tokens > request.num_tokens:
-            raise ValueError(f"request {rid!r} has {request.num_tokens} tokens; cannot compute "
-                             f"{num_new_tokens} after {num_computed} (tokens past num_tokens would be "
+        # Slots for async scheduling's placeholders (tokens a scheduled step samples) are allowed.
+        n = request.num_tokens + getattr(request, "num_output_placeholders", 0)
+        if num_computed + num_new_tokens > n:
+            raise ValueError(f"request {rid!r} has {n} tokens{' with placeholders' * (n > request.num_tokens)}; "
+                             f"cannot compute {num_new_tokens} after {num_computed} (tokens past num_tokens would be "
                              "speculative draft tokens, which this book leaves out)")
         if hit:
             self._validate_hit(request, hit, num_new_computed_tokens)

@@ -24,8 +24,13 @@ class Request:
     output tokens are appended. A request created without ``hash_block_size``
     takes its manager's unit on first contact.
 
-    ``num_computed_tokens`` counts tokens whose KV is in the cache. The
-    scheduler advances it after each step (the manager only reads it).
+    ``num_computed_tokens`` counts tokens whose KV is in the cache, or is
+    being computed by a step already scheduled: the scheduler advances it as
+    soon as it schedules a step, as vLLM's does (the manager only reads it).
+    ``num_output_placeholders`` (vLLM's name) counts generated tokens that a
+    scheduled step will sample but that are not in ``all_token_ids`` yet:
+    always 0 without async scheduling; under it, a running decode's next
+    token, whose slot the next step allocates before it is sampled.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16,
@@ -41,6 +46,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt)
         self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
         self.hash_block_size: int | None = (None if hash_block_size is None
                                             else check_int(hash_block_size, "hash_block_size", 1))
         self.block_hashes: list[BlockHash] = []

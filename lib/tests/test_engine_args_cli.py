@@ -99,7 +99,7 @@ def test_only_changed_says_nothing_for_defaults_on_every_gpu_class(gpu_class):
     others = {"block_size": 32, "gpu_memory_utilization": 0.8, "max_model_len": 4096,
               "max_num_seqs": 64, "max_num_batched_tokens": 4096, "enable_prefix_caching": False,
               "enable_chunked_prefill": False, "scheduler_reserve_full_isl": False, "watermark": 0.01,
-              "num_gpu_blocks_override": 100, "kv_cache_memory_bytes": 2**30, "prefix_match_unit": 16,
+              "async_scheduling": False, "num_gpu_blocks_override": 100, "kv_cache_memory_bytes": 2**30, "prefix_match_unit": 16,
               "seed": 7, "tensor_parallel_size": 2, "kv_cache_dtype": "fp8"}
     assert set(others) == set(VLLM_SERVE_DEFAULTS) | {"max_num_seqs", "max_num_batched_tokens"}
     for name, value in others.items():

@@ -10,6 +10,8 @@ One concept per module:
   outputs gathered into one;
 - ``scheduler``: ``Scheduler`` (running list, waiting queue, preemption,
   prefix hits, chunked prefill) and its per-step ``SchedulerOutput``;
+- ``async_scheduler``: ``AsyncScheduler``, the scheduler with output placeholders
+  that lets the engine schedule step N+1 before step N's tokens arrive;
 - ``sizing``: how many blocks the pool gets, and the startup check;
 - ``worker``: block-table rows, KV caches, the forward pass and sampling;
 - ``stats``: ``EngineStats`` and vLLM's periodic log line;
@@ -20,9 +22,9 @@ One concept per module:
 
 Where we differ from vLLM 0.33's V1 engine (each choice, in one sentence):
 
-- One process, synchronous steps: ``num_computed_tokens``
-  advances after the forward pass, where vLLM advances it at scheduling time
-  for its asynchronous scheduler; a synchronous engine cannot tell the difference.
+- One process: under async scheduling (on by default, as in vLLM) a
+  ``step()`` schedules step N+1, applies step N's output, then runs N+1's
+  forward pass; vLLM runs N+1's forward on the GPU while it applies N's output.
 - Each ``step()`` is called by the caller, as in vLLM's in-process engine
   core: after the last request finishes, the idle step that reports the
   finished ids (vLLM's background engine core takes it on its own) comes with
@@ -62,6 +64,7 @@ from .llm_engine import LLMEngine
 from .parallel_sampling import ParentRequest
 from .request import CompletionOutput, EngineRequest, Logprob, RequestOutput, RequestStatus
 from .sampling import SamplingParams
+from .async_scheduler import AsyncScheduler
 from .scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, WaitingQueue, preempt_last_running
 from .sizing import PoolSize
 from .stats import EngineStats
@@ -70,6 +73,6 @@ from .worker import Worker
 __all__ = [
     "CLI_FLAGS", "KERNEL_BACKENDS", "EngineArgs", "LLM", "LLMEngine", "SamplingParams", "EngineRequest",
     "RequestOutput", "CompletionOutput", "Logprob", "ParentRequest",
-    "RequestStatus", "Scheduler", "SchedulerOutput", "ModelRunnerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
+    "RequestStatus", "Scheduler", "AsyncScheduler", "SchedulerOutput", "ModelRunnerOutput", "WaitingQueue", "preempt_last_running", "PoolSize",
     "EngineStats", "Worker",
 ]

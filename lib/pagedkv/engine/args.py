@@ -39,6 +39,7 @@ CLI_FLAGS: dict[str, str | None] = {
     "enable_prefix_caching": "--enable-prefix-caching",
     "enable_chunked_prefill": "--enable-chunked-prefill",
     "scheduler_reserve_full_isl": "--scheduler-reserve-full-isl",
+    "async_scheduling": "--async-scheduling",
     "watermark": "--watermark",
     "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "prefix_match_unit": "--prefix-match-unit",
@@ -58,7 +59,8 @@ KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: ``config/``): ``to_cli(only_changed=True)`` leaves out a field equal to it.
 #: ``max_num_seqs`` and ``max_num_batched_tokens`` depend on the GPU class
 #: (``vllm_default_limits``); ``block_size`` None resolves to 16 on CUDA,
-#: the two ``enable_*`` None to True.
+#: the two ``enable_*`` None to True, ``async_scheduling`` None to True for a
+#: generative model on the default executor (``VllmConfig.__post_init__``).
 VLLM_SERVE_DEFAULTS: dict[str, object] = {
     "block_size": 16,
     "num_gpu_blocks_override": None,
@@ -67,6 +69,7 @@ VLLM_SERVE_DEFAULTS: dict[str, object] = {
     "enable_prefix_caching": True,
     "enable_chunked_prefill": True,
     "scheduler_reserve_full_isl": True,
+    "async_scheduling": True,
     "watermark": 0.0,
     "kv_cache_memory_bytes": None,
     "prefix_match_unit": None,
@@ -152,6 +155,11 @@ class EngineArgs:
         scheduler_reserve_full_isl: admit a waiting request only if its whole
             prompt fits the free blocks, not only the chunk this step
             computes (vLLM 0.33.0's default, True; ``SchedulerConfig``).
+        async_scheduling: schedule step N+1 before step N's tokens are
+            applied, counting each running decode's not-yet-sampled token as
+            an output placeholder (``AsyncScheduler``). vLLM 0.33.0's field
+            is None, which it resolves to True for a generative model on its
+            default executor, as here; False: the synchronous ``Scheduler``.
         watermark: fraction of the pool an admission must leave free.
         kv_cache_memory_bytes: KV pool bytes; None: profile the GPU, or
             1 GiB on a CPU.
@@ -187,6 +195,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduler_reserve_full_isl: bool = True
+    async_scheduling: bool = True
     watermark: float = 0.0  # vLLM 0.33.0: SchedulerConfig.watermark defaults to 0.0 (off)
     kv_cache_memory_bytes: int | None = None
     prefix_match_unit: int | None = None
@@ -209,6 +218,7 @@ class EngineArgs:
         check_bool(self.enable_prefix_caching, "EngineArgs.enable_prefix_caching")
         check_bool(self.enable_chunked_prefill, "EngineArgs.enable_chunked_prefill")
         check_bool(self.scheduler_reserve_full_isl, "EngineArgs.scheduler_reserve_full_isl")
+        check_bool(self.async_scheduling, "EngineArgs.async_scheduling")
         check_real(self.watermark, "EngineArgs.watermark", minimum=0, maximum=1, open_max=True)
         if self.kv_cache_memory_bytes is not None:
             check_int(self.kv_cache_memory_bytes, "EngineArgs.kv_cache_memory_bytes", 1)

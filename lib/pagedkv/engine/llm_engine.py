@@ -1,10 +1,12 @@
 """``LLMEngine``: requests in, tokens out, one scheduler step and one forward pass at a time.
 
-The loop of vLLM's ``LLMEngine``/``EngineCore``, synchronous:
+The loop of vLLM's ``LLMEngine``/``EngineCore`` (with async scheduling, vLLM's
+default, each step is scheduled before the previous one's tokens are applied):
 
     add_request(...)          queue a prompt (token ids, or text with a tokenizer)
                               with its SamplingParams (greedy by default)
-    step()                    schedule -> execute -> update; returns RequestOutputs
+    step()                    schedule -> execute -> update (async: schedule N+1,
+                              update N, execute N+1); returns RequestOutputs
     has_unfinished_requests()
     generate(prompts, ...)    add them, step until they finish, return them in order
 
@@ -18,6 +20,7 @@ listeners, where live views and the trace recorder of ``pagedkv.views`` attach.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -33,6 +36,7 @@ from .args import EngineArgs
 from .parallel_sampling import ParentRequest, child_request_ids
 from .request import EngineRequest, RequestOutput, find_stop
 from .sampling import SamplingParams
+from .async_scheduler import AsyncScheduler
 from .scheduler import AllocateWithPreemption, Scheduler, SchedulerOutput
 from .sizing import PoolSize, check_startup, determine_num_blocks
 from .stats import EngineStats, StatsCollector
@@ -101,7 +105,8 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(self.pool.num_blocks, args.block_size,
                                                enable_caching=args.enable_prefix_caching,
                                                hash_block_size=args.hash_block_size, watermark=args.watermark)
-        self.scheduler = Scheduler(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
+        scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler  # vLLM's get_scheduler_cls
+        self.scheduler = scheduler_cls(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_model_len, args.enable_chunked_prefill, allocate_with_preemption,
                                    scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
         self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
@@ -112,6 +117,7 @@ class LLMEngine:
         self._log_fn = log_fn or print
         self._listeners: list[StepListener] = []
         self._pending_outputs: list[RequestOutput] = []
+        self._in_flight: tuple | None = None  # async scheduling: the step that has run, its output not applied
         self._arrivals = itertools.count()
         self._generate_ids = itertools.count()
         self._seeds = random.Random(args.seed)  # a seed for each request that brings none
@@ -275,11 +281,42 @@ class LLMEngine:
         ``Scheduler.has_requests``): the step after the last request finishes
         is an idle one, with nothing scheduled and their ids in
         ``finished_req_ids``. Then, and only then, ``step()`` does nothing.
+
+        With ``async_scheduling`` (vLLM's default) a call schedules step N+1
+        *before* step N's tokens are applied, as vLLM's engine core does with
+        its queue of two batches (``EngineCore.step_with_batch_queue``): it
+        schedules N+1 (each running decode one output placeholder ahead), then
+        applies step N's output and returns it, then runs N+1, whose output the
+        next call applies. The first call returns no tokens, and a call after
+        the last step has run only applies it.
         """
         outputs, self._pending_outputs = self._pending_outputs, []
-        if not self.scheduler.has_requests():
+        if not self.scheduler.has_requests() and self._in_flight is None:
             return outputs
         t0 = time.perf_counter()
+        scheduled = self._schedule() if self.scheduler.has_requests() else None
+        if self.args.async_scheduling:
+            done, self._in_flight = self._in_flight, None
+            progressed = self._apply(*done) if done is not None else []
+            if scheduled is not None:
+                self._in_flight = self._execute(*scheduled)
+        else:
+            progressed = self._apply(*self._execute(*scheduled))
+        outputs.extend(self._outputs(progressed))
+        if scheduled is None:  # only the last step's output was applied: no step was taken
+            return outputs
+        out, num_decode_tokens = scheduled
+        self._stats.record_step(out.total_num_scheduled_tokens - num_decode_tokens, len(progressed),
+                                len(out.preempted_req_ids), time.perf_counter() - t0)
+        for listener in list(self._listeners):
+            listener(self, out, outputs)
+        n = self.args.log_stats_interval
+        if n and self._stats.num_steps % n == 0:
+            self.log_stats()
+        return outputs
+
+    def _schedule(self) -> tuple[SchedulerOutput, int]:
+        """Schedule a step: ``(its SchedulerOutput, how many of its tokens are decodes)``."""
         out = self.scheduler.schedule()
         self.last_scheduler_output = out
         if (out.total_num_scheduled_tokens == 0 and not self.scheduler.running and not out.preempted_req_ids
@@ -289,26 +326,41 @@ class LLMEngine:
                 f"request {head.request_id!r} ({head.num_tokens} tokens) cannot be admitted even into an empty "
                 f"batch: {self.kv_cache_manager.get_num_free_blocks()} blocks free, watermark "
                 f"{self.kv_cache_manager.watermark_blocks} blocks. Lower the watermark or enlarge the pool.")
-        # For the stats, counted before a finished request leaves scheduler.requests: a decode is one
+        # For the stats, counted while every scheduled request is in scheduler.requests: a decode is one
         # token of a running request past its prompt; every other token is prompt (or recomputation).
         num_decode_tokens = sum(
             1 for rid in out.scheduled_running_reqs
             if out.num_scheduled_tokens[rid] == 1
             and out.num_computed_tokens[rid] >= self.scheduler.requests[rid].num_prompt_tokens)
-        model_runner_output = self.worker.execute_model(out, self.scheduler.requests)
+        return out, num_decode_tokens
+
+    def _execute(self, out: SchedulerOutput, num_decode_tokens: int) -> tuple:
+        """Run a scheduled step on the worker: ``(out, its ModelRunnerOutput, num_decode_tokens)``.
+
+        Under async scheduling a request scheduled in this step may have
+        finished since (a stop token arrived with the previous step's output):
+        vLLM still computes its forward and drops the token; here it is left
+        out of the forward pass, and its output is dropped the same way.
+        """
+        requests = self.scheduler.requests
+        gone = [rid for rid in out.num_scheduled_tokens if rid not in requests]
+        run = out
+        if gone:
+            keep = {rid: n for rid, n in out.num_scheduled_tokens.items() if rid not in gone}
+            run = dataclasses.replace(
+                out, num_scheduled_tokens=keep, total_num_scheduled_tokens=sum(keep.values()),
+                scheduled_running_reqs=[r for r in out.scheduled_running_reqs if r not in gone],
+                num_computed_tokens={r: n for r, n in out.num_computed_tokens.items() if r not in gone},
+                new_block_ids={r: b for r, b in out.new_block_ids.items() if r not in gone})
+        model_runner_output = self.worker.execute_model(run, requests)
         if out.cow_pairs:  # the step has run: the copies' extra references can go
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)
-        progressed = self.scheduler.update_from_output(
+        return out, model_runner_output, num_decode_tokens
+
+    def _apply(self, out: SchedulerOutput, model_runner_output, num_decode_tokens: int) -> list[EngineRequest]:
+        """Apply a step's output to the scheduler; the requests that got a token."""
+        return self.scheduler.update_from_output(
             out, model_runner_output, None if self.tokenizer is None else self._decode_token)
-        outputs.extend(self._outputs(progressed))
-        self._stats.record_step(out.total_num_scheduled_tokens - num_decode_tokens, len(progressed),
-                                len(out.preempted_req_ids), time.perf_counter() - t0)
-        for listener in list(self._listeners):
-            listener(self, out, outputs)
-        n = self.args.log_stats_interval
-        if n and self._stats.num_steps % n == 0:
-            self.log_stats()
-        return outputs
 
     def _decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

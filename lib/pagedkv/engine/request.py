@@ -103,6 +103,11 @@ class EngineRequest(Request):
         self.arrival = arrival
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
+        # Async scheduling's bookkeeping (vLLM's names): tokens of scheduled steps whose output has
+        # not arrived, and how many of them a preemption made stale (their tokens still arrive and
+        # are appended, but they no longer move the counters the preemption reset).
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         self.stop_reason: int | str | None = None  # the stop token id or string that finished it
 
     @property

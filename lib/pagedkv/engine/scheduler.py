@@ -1,7 +1,8 @@
 """The scheduler: which requests compute how many tokens this step, and who is preempted.
 
 This is vLLM V1's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``)
-for a synchronous, single-GPU, text-only engine. There is no prefill phase and no
+for a single-GPU, text-only engine; ``AsyncScheduler`` (``async_scheduler``)
+adds async scheduling's output placeholders. There is no prefill phase and no
 decode phase: every request has ``num_tokens`` and ``num_computed_tokens``,
 and a step hands each request some tokens so the second catches up with the
 first. A prompt is one long catch-up (split across steps by chunked prefill),
@@ -27,8 +28,11 @@ One step, in order:
    An admitted request's prefix-cache lookup is counted then, not before: a
    request refused three times counts once.
 
-The decisions of a step come back as a ``SchedulerOutput``, which the worker
-executes and a chapter can print.
+Once decided, every scheduled request's ``num_computed_tokens`` advances at
+once, before the step runs (``_update_after_schedule``, as vLLM does), so the
+next ``schedule()`` could be called before this step's tokens arrive. The
+decisions of a step come back as a ``SchedulerOutput``, which the worker
+executes and a chapter can print; ``update_from_output`` applies its tokens.
 """
 
 from __future__ import annotations
@@ -328,6 +332,10 @@ class Scheduler:
             out.scheduled_running_reqs.remove(rid)
         self.kv_cache_manager.free(victim)
         victim.num_computed_tokens = 0
+        # Async scheduling: the output of its steps in flight is stale; it still arrives, but no
+        # longer moves the counters just reset.
+        victim.num_stale_output_tokens = victim.num_in_flight_tokens
+        victim.num_output_placeholders = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -351,15 +359,31 @@ class Scheduler:
             self._out = None
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         out.cow_pairs = self.kv_cache_manager.take_pending_copies()
+        self._update_after_schedule(out)
         return out
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Advance each scheduled request's ``num_computed_tokens`` now, before the step runs (vLLM's)."""
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            request.num_computed_tokens += n
+            request.num_in_flight_tokens += n
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
         req_index = 0
         while req_index < len(self.running) and self._token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, self._token_budget,
-                                 self.max_model_len - request.num_computed_tokens)
-            if num_new_tokens <= 0:  # nothing to compute (cannot happen in a synchronous engine)
+            # Async scheduling: if a step in flight samples its last token, no step goes past it.
+            placeholders = request.num_output_placeholders
+            max_len = request.num_prompt_tokens + request.max_tokens
+            last_in_flight = request.num_computed_tokens + 2 - placeholders >= max_len
+            if placeholders and last_in_flight:
+                req_index += 1
+                continue
+            num_new_tokens = min(request.num_tokens + placeholders - request.num_computed_tokens,
+                                 self._token_budget,
+                                 self.max_model_len - request.num_computed_tokens - 1)
+            if num_new_tokens <= 0:  # nothing to compute (only under async scheduling)
                 req_index += 1
                 continue
             num_preempted = len(out.preempted_req_ids)
@@ -435,33 +459,53 @@ class Scheduler:
     # ----------------------------------------------------------------- update
     def update_from_output(self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,
                            decode_token: Callable[[int], str] | None = None) -> list[EngineRequest]:
-        """Apply a step's results: advance progress, append sampled tokens and logprobs, finish requests.
+        """Apply a step's results: append sampled tokens and logprobs, finish requests.
 
         Returns the requests that got a token, in scheduling order; finished
         ones have a finished status, their blocks freed and they left
-        ``running``. ``decode_token`` gives a logprob entry its token's text.
+        ``running`` (or ``waiting``). ``decode_token`` gives a logprob entry
+        its token's text. Progress was advanced when the step was scheduled;
+        under async scheduling the token resolves one output placeholder. A
+        request finished or aborted since the step was scheduled is skipped;
+        one preempted since gets its (stale) token, which moves no counter.
         """
         progressed: list[EngineRequest] = []
-        finished: set[int] = set()
+        finished: list[EngineRequest] = []
         sampled, logprobs = model_runner_output.sampled_token_ids, model_runner_output.logprobs
         for rid, n in out.num_scheduled_tokens.items():
-            request = self.requests[rid]
-            request.num_computed_tokens += n
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:  # finished or aborted while the step ran
+                continue
+            request.num_in_flight_tokens -= n
+            stale = request.num_stale_output_tokens > 0
+            if stale:
+                request.num_stale_output_tokens -= n
             token = sampled.get(rid)
             if token is None:
                 continue
-            if request.num_computed_tokens != request.num_tokens:
+            placeholders = request.num_output_placeholders
+            if not stale and request.num_computed_tokens - max(placeholders - 1, 0) != request.num_tokens:
                 raise RuntimeError(f"request {rid!r} got a token before its {request.num_tokens} tokens "
                                    f"were computed ({request.num_computed_tokens})")
+            was_running = request.status == RequestStatus.RUNNING
             request.append_output_token_ids(token)
             if rid in logprobs:
                 request.append_logprobs(token, *logprobs[rid], decode_token)
             progressed.append(request)
-            if request.check_stop(self.max_model_len):
-                self._free_request(request)
-                finished.add(id(request))
-        if finished:
-            self.running = [r for r in self.running if id(r) not in finished]
+            stopped = request.check_stop(self.max_model_len)
+            if not stale and placeholders:
+                request.num_output_placeholders -= 1
+                if was_running:  # the block its last input filled: cache it now the step has run
+                    self.kv_cache_manager.cache_blocks(
+                        request, request.num_computed_tokens - request.num_in_flight_tokens)
+            if stopped:
+                finished.append(request)
+        for request in finished:
+            if request in self.running:
+                self.running.remove(request)
+            else:  # preempted while its last step ran: its stale token was a stop
+                self.waiting.remove(request.request_id)
+            self._free_request(request)
         return progressed
 
     # ----------------------------------------------------------------- checks
@@ -484,8 +528,9 @@ class Scheduler:
                 lambda: f"blocks held by {sorted(held)}, running {sorted(running_ids)}")
         for r in self.running:
             require(r.status == RequestStatus.RUNNING, "running requests are RUNNING", lambda: f"{r!r}")
-            require(0 < r.num_computed_tokens <= r.num_tokens, "a running request has computed 1..num_tokens",
-                    lambda: f"{r!r}")
+            require(0 < r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders,
+                    "a running request has computed 1..num_tokens (output placeholders included)",
+                    lambda: f"{r!r}, {r.num_output_placeholders} placeholders")
         for r in self.waiting:
             require(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED),
                     "waiting requests are WAITING or PREEMPTED", lambda: f"{r!r}")
