@@ -160,7 +160,7 @@ def test_a_hang_costs_one_timeout_and_every_property_says_so():
     start = time.perf_counter()
     report = checks.check_decode_attention(hangs, timeout=0.5)
     elapsed = time.perf_counter() - start
-    assert not report and len(report.results) == 11
+    assert not report and len(report.results) == 12
     assert all("no answer within 0.5 s" in r.detail for r in report.results)
     assert elapsed < 0.5 + 3.0, elapsed
 
@@ -256,7 +256,8 @@ def test_diagnoses_name_the_invariant_not_the_line():
     from pagedkv.checks import ch07_paged_attention as ch07
 
     for mistake in [m for _, m in ch07.MISTAKES] + [ch07.READ_PAST, ch07.TABLE_MISTAKE,
-                                                    ch07.PADDING_MISTAKE, ch07.BF16_MISTAKE]:
+                                                    ch07.PADDING_MISTAKE, ch07.BF16_MISTAKE,
+                                                    ch07.NO_RESCALE, ch07.INT32_OFFSETS]:
         for code in ("tl.", "mask=", "other=", ".to(", " < seq_len"):
             assert code not in mistake.fix, (mistake.name, code)
 
@@ -276,3 +277,69 @@ def test_hint_3_is_a_partial_skeleton_never_the_body():
     kernel = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     given = {ln.strip() for ln in skeleton.splitlines()}
     assert sum(ln in given for ln in kernel) <= len(kernel) // 2, [ln for ln in kernel if ln in given]
+
+
+# -- issue 45 item 5: the numerics named, and a pool past 2**31 elements ----------------------------
+
+BIG = "block ids past 2**22: element offsets past 2**31 (a pool of 8 GiB)"
+
+
+def _every_failure_named(fn, words):
+    failed = failures(checks.check_decode_attention(fn))
+    assert failed, words
+    for name, detail in failed.items():
+        assert f"Diagnosis: {words} --" in detail, (name, detail)
+    return failed
+
+
+def test_a_missing_running_max_rescale_is_named():
+    # The cases whose max arrives after the first tile fail; on the same cases with keys that
+    # score ever lower (the first tile holds the max) the kernel is right: that names it.
+    for old, new in (("acc = acc * alpha[:, None] +", "acc = acc +"), ("l = l * alpha +", "l = l +")):
+        failed = _every_failure_named(solution_variant(old, new), "the running max not rescaled")
+        assert "one request, one block" not in failed  # one tile: nothing to rescale
+
+
+def test_a_wrong_scale_and_a_mixed_up_base_are_named():
+    kernel = solution_decode_attention()
+    in_base_2 = solution_variant("tl.exp(", "tl.exp2(")  # p and alpha in base 2, scores unchanged
+
+    def squared(q, key_cache, value_cache, block_table, seq_lens, scale):
+        return kernel(q, key_cache, value_cache, block_table, seq_lens, 1.0 / q.shape[2])
+
+    def ln2_for_log2e(q, key_cache, value_cache, block_table, seq_lens, scale):
+        return in_base_2(q, key_cache, value_cache, block_table, seq_lens, scale * 0.6931471805599453)
+
+    def log2e_with_exp(q, key_cache, value_cache, block_table, seq_lens, scale):
+        return kernel(q, key_cache, value_cache, block_table, seq_lens, scale * 1.4426950408889634)
+
+    for fn, words in ((squared, "the scale squared (1/head_dim)"), (in_base_2, "exp2 without log2(e)"),
+                      (ln2_for_log2e, "ln(2) where log2(e) belongs"), (log2e_with_exp, "log2(e) with exp")):
+        failed = _every_failure_named(fn, words)
+        assert BIG in failed and IN_A_KERNEL not in failed, (words, list(failed))
+
+
+def test_int32_offsets_that_overflow_past_2_31_elements_are_named():
+    # The solution widens the block id once; without it every product is int32, right on every small
+    # pool. A pool past 2**31 elements (reserved, not taken: a few KiB are written) wraps the offset.
+    fn = solution_variant("row = (block.to(tl.int64) * block_size", "row = (block * block_size")
+    failed = failures(checks.check_decode_attention(fn))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return  # compiled, the case is not run: a wrapped address would end the CUDA context
+    assert list(failed) == [BIG], failed
+    assert "before the first element of key_cache" in failed[BIG]
+    assert "a value loaded from block_table is multiplied in int32" in failed[BIG]
+    assert "Diagnosis: int32 offsets overflow --" in failed[BIG]
+
+
+def test_the_large_pool_is_reserved_not_taken():
+    from pagedkv.checks import ch07_paged_attention as ch07
+
+    def resident_mib():
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    before = resident_mib()
+    case = ch07._big_case(0)
+    assert case["key_cache"].numel() > 2**31 and case["key_cache"] is case["value_cache"]
+    ch07._past_2_31(solution_decode_attention(), 0)  # the solution passes
+    assert resident_mib() - before < 64

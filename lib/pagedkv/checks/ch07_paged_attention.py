@@ -55,8 +55,11 @@ from ..common import cdiv
 from ..kernels.attention import paged_attention_ref
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, catalogue
 from .interpreter_probes import bounded_accesses, dot_minimum, dot_shapes
+from .interpreter_probes import index_products
 from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy, guarded_rows,
-                            inputs_changed_at_launch, loads_in, skipped_triton_launches, traced_loads)
+                            inputs_changed_at_launch, interpreted, loads_in, skipped_triton_launches,
+                            traced_loads)
+from .puzzle_cases import LN2_FOR_LOG2E, NO_RESCALE, SCALE_MISTAKES, falling_score_args
 
 __all__ = ["check_decode_attention", "TABLE_MISTAKE", "PADDING_MISTAKE", "BF16_MISTAKE"]
 
@@ -113,8 +116,12 @@ def _cleaned(case) -> dict:
     return clean
 
 
-def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, scale=None):
-    """The right answer, or the answer of one named mistake."""
+def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, scale=None,
+               scale_of=None):
+    """The right answer, or the answer of one named mistake.
+
+    ``scale_of(scale, head_dim)``: the scale a mistake uses instead of the caller's.
+    """
     q, kc, vc, table, lens = case["q"], case["key_cache"], case["value_cache"], case["block_table"], case["seq_lens"]
     bs = kc.shape[1]
     if in_order:  # block j of every request read from physical block j, ignoring the table
@@ -124,6 +131,8 @@ def _reference(case, *, in_order=False, whole_blocks=False, wrong_group=False, s
         lens = ((lens + bs - 1) // bs) * bs
     if scale == "1/sqrt(d)":  # the scale hard-coded
         scale = q.shape[2] ** -0.5
+    if scale_of is not None:
+        scale = scale_of(case["scale"], q.shape[2])
     if wrong_group:  # query head h read from KV head h % num_kv_heads
         rep = q.shape[1] // kc.shape[2]
         kc, vc = kc.repeat(1, 1, rep, 1), vc.repeat(1, 1, rep, 1)
@@ -164,6 +173,9 @@ MISTAKES = [
         "the scale hard-coded", "it matches a scale of 1/sqrt(head_dim) where the caller passed "
         "another: the scale is the caller's choice (a model may set its own, and vLLM passes it "
         "in), so the kernel uses the one it is given")),
+    # A wrong scale (squared, inverted) and a base mixed up (exp2 without log2(e), log2(e)
+    # with exp, ln 2 for log2(e)): each is the softmax at another scale.
+    *((dict(scale_of=f), m) for m, f in (*SCALE_MISTAKES, LN2_FOR_LOG2E)),
 ]
 READ_PAST = Mistake(
     "read past seq_len",
@@ -242,7 +254,7 @@ def _diagnose(fn, case, got) -> str | None:
     if case["q"].dtype == torch.bfloat16 and _right_in_fp32(fn, case):
         return BF16_MISTAKE.diagnosis()
     if bool(torch.isfinite(got.float()).all()):
-        return _named(case, got)
+        return _named(case, got) or _right_when_scores_fall(fn, case)
     clean = _cleaned(case)
     got_clean = _run(fn, clean, _Log())
     if not bool(torch.isfinite(got_clean.float()).all()):
@@ -253,6 +265,118 @@ def _diagnose(fn, case, got) -> str | None:
     if _close(got_clean, _reference(clean)):
         return READ_PAST.diagnosis()
     return READ_POISON.diagnosis()
+
+
+def _right_when_scores_fall(fn, case) -> str | None:
+    """NO_RESCALE when ``fn`` is right on the case with every request's scores falling.
+
+    The keys are made to score ever lower, so the first tile holds each row's
+    maximum and the running max never rises after it: a kernel that forgets to
+    rescale the sum or the accumulator when it rises is right there, and wrong
+    where the maximum arrives later.
+    """
+    fallen = falling_score_args(case)
+    if fallen is None:
+        return None
+    try:
+        right = _close(_run(fn, fallen, _Log()), _reference(fallen))
+    except Exception:  # noqa: BLE001 -- a crash on the variant names nothing
+        return None
+    return NO_RESCALE.diagnosis() if right else None
+
+
+# ---------------------------------------------------- a pool past 2**31 elements
+INT32_OFFSETS = Mistake(
+    "int32 offsets overflow",
+    "block ids past 2**31 / (block_size x num_kv_heads x head_dim) put a slot's element "
+    "offset past 2**31, and the product computed in int32 wraps to a negative offset, an "
+    "address before the cache: a block id is small, but what it is multiplied by is not, "
+    "so every product that makes an address is computed in int64 (8 GiB of fp32 is such "
+    "a pool)")
+
+#: The large case's shape: a block holds 16 x 2 x 16 = 512 elements, so block ids from
+#: 2**22 on start past element 2**31.
+_BIG = dict(block_size=16, kv_heads=2, head_dim=16, heads=4, first_id=2 ** 22)
+
+
+def _reserved(numel: int) -> torch.Tensor:
+    """An fp32 tensor of ``numel`` zeros whose memory is reserved, not taken.
+
+    An anonymous private mapping with MAP_NORESERVE: a page takes memory only
+    when written, and pages never written read as zeros. The check writes a
+    few blocks of a pool of 8 GiB, and a right kernel reads only those.
+    """
+    import mmap
+
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    return torch.frombuffer(mmap.mmap(-1, numel * 4, flags=flags), dtype=torch.float32)
+
+
+def _big_case(seed: int) -> dict:
+    """Two requests whose blocks have ids past ``2**22``, in one K/V pool of 2**31+ elements.
+
+    K and V share the pool (V = K: attention is still attention), so the
+    mapping is 8 GiB of address space, of which a few KiB are written. Also
+    ``small``: the same step on a compact pool (the used blocks only), for
+    the reference.
+    """
+    bs, kvh, d, top = _BIG["block_size"], _BIG["kv_heads"], _BIG["head_dim"], _BIG["first_id"]
+    g = torch.Generator().manual_seed(seed)
+    lens = [37, 20]
+    need = [cdiv(n, bs) for n in lens]
+    num_blocks = top + 2 * sum(need) + 8
+    pool = _reserved(num_blocks * bs * kvh * d).view(num_blocks, bs, kvh, d)
+    ids = (top + 1 + torch.randperm(2 * sum(need) + 6, generator=g)[: sum(need)]).tolist()
+    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
+    small_table = torch.zeros_like(table)
+    small = torch.zeros(sum(need), bs, kvh, d)
+    k = 0
+    for r, n in enumerate(need):
+        for j in range(n):
+            table[r, j], small_table[r, j] = ids[k], k
+            small[k] = torch.randn(bs, kvh, d, generator=g)
+            pool[ids[k]] = small[k]
+            k += 1
+    q = torch.randn(len(lens), _BIG["heads"], d, generator=g)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    step = dict(q=q, block_table=table, seq_lens=seq_lens, scale=d ** -0.5)
+    return dict(step, key_cache=pool, value_cache=pool, need=need,
+                small=dict(step, key_cache=small, value_cache=small, block_table=small_table,
+                           need=need))
+
+
+def _past_2_31(fn, seed: int) -> None:
+    """Run ``fn`` on ``_big_case``; name an int32 offset that wrapped (interpreter only).
+
+    Compiled on a GPU the case is not run: a wrapped offset there is an
+    illegal address, which ends the process's CUDA context rather than
+    raising; the interpreter stops the access before it happens.
+    """
+    if not interpreted():
+        return
+    case = _big_case(seed)
+    args = {k: case[k].clone() if k in ("q", "block_table", "seq_lens") else case[k]
+            for k in ("q", "key_cache", "value_cache", "block_table", "seq_lens", "scale")}
+    first = min(int(x) for row, n in zip(case["block_table"], case["need"]) for x in row[:n])
+    where = (f"block ids from {first:,} in a pool of {case['key_cache'].shape[0]:,} blocks "
+             f"(element offsets past 2**31)")
+    with bounded_accesses(args) as bounds, \
+            index_products({"block_table": args["block_table"]}) as found:
+        try:
+            got = fn(**args)
+        except Exception as exc:  # noqa: BLE001 -- a stray address is named; anything else is the learner's
+            if bounds.violation is None:
+                raise
+            also = f"; {found[0]}" if found else ""
+            raise WrongAnswer(f"{where}: {bounds.violation}{also}", INT32_OFFSETS.diagnosis()) from exc
+    want = _reference(case["small"])
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        raise AssertionError(f"{where}: expected a tensor shaped {tuple(want.shape)}")
+    if not _close(got, want):  # wrapped into another tensor, or a mistake small pools show too
+        raise WrongAnswer(f"{where}: the output differs from the reference"
+                          + (f" ({found[0]})" if found else ""),
+                          INT32_OFFSETS.diagnosis() if found else
+                          _named(case["small"], got) or _right_when_scores_fall(fn, case["small"]))
 
 
 def _table_reads_past(case, view, addresses) -> str | None:
@@ -360,6 +484,15 @@ def _follows_its_inputs(fn, case) -> None:
     if _close(got, _reference(case)):
         raise WrongAnswer("q, K and V took new values as the kernel launched, and the output still "
                           "answers the old ones", COPIED_MISTAKE.diagnosis())
+    # Merely wrong (the lines above say how) when it answers the new values handed over as such.
+    fresh = {k: (new[k].to(dev, copy=True) if isinstance(new[k], torch.Tensor) else new[k])
+             for k in ("q", "key_cache", "value_cache", "block_table", "seq_lens", "scale")}
+    try:
+        own = fn(**fresh)
+    except Exception:  # noqa: BLE001 -- it cannot tell: say what was seen
+        own = None
+    if isinstance(own, torch.Tensor) and _close(got, own):
+        return
     raise WrongAnswer("q, K and V took new values as the kernel launched, and the output answers "
                       "neither the old values nor the new", COPIED_MISTAKE.diagnosis())
 
@@ -434,6 +567,8 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
                                   TABLE_MISTAKE.diagnosis())
 
         c.prop("never loads a block-table column past the sequence", table_loads)
+        c.prop("block ids past 2**22: element offsets past 2**31 (a pool of 8 GiB)",
+               lambda: _past_2_31(fn, seed), hint)
 
         def launched():
             if not log.launches or min(log.launches) == 0:
@@ -447,5 +582,5 @@ def check_decode_attention(decode_attention, seed: int = 0, timeout: float = 120
 
 
 catalogue(check_decode_attention, [m for _, m in MISTAKES],
-          [READ_PAST, READ_POISON, FIRST_TILE, TABLE_MISTAKE, PADDING_MISTAKE, OVERRUN_MISTAKE, BF16_MISTAKE,
-           UNMASKED_MISTAKE, SMALL_DOT_MISTAKE, CHEAT_MISTAKE, COPIED_MISTAKE])
+          [READ_PAST, READ_POISON, FIRST_TILE, NO_RESCALE, TABLE_MISTAKE, INT32_OFFSETS, PADDING_MISTAKE,
+           OVERRUN_MISTAKE, BF16_MISTAKE, UNMASKED_MISTAKE, SMALL_DOT_MISTAKE, CHEAT_MISTAKE, COPIED_MISTAKE])

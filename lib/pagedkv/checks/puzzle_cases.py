@@ -195,6 +195,15 @@ SCALE_MISTAKES = [
      lambda scale, d: scale * LOG2E_),
 ]
 
+#: exp2 of the scores times ln 2 where log2(e) belongs: the natural log of 2
+#: taken for the base-2 log of e, so the scale is off by ln(2)**2.
+LN2_FOR_LOG2E = (
+    Mistake("ln(2) where log2(e) belongs",
+            "it matches exp2 of the scores times ln(2) = 0.693: exp2(x) is exp(x ln 2), so "
+            "the factor that makes exp2 give exp's softmax is its inverse, log2(e) = "
+            "1/ln(2) = 1.4427 (fold it into the scale)"),
+    lambda scale, d: scale * LN2 * LN2)
+
 NO_RESCALE = Mistake(
     "the running max not rescaled",
     "it is right when every key scores lower than the one before (the first tile holds "
@@ -230,25 +239,34 @@ def falling_scores(answer):
     ``answer(args)`` is the reference on the new arguments.
     """
     def make(case):
-        a = dict(case.args)
-        q, kc = a["q"].clone(), a["key_cache"].clone()
-        kv_heads, bs = kc.shape[2], kc.shape[1]
-        group = q.shape[-2] // kv_heads
-        table, lens = a["block_table"], a["seq_lens"]
-        rows = q.shape[0]
-        if rows != len(lens):  # a prefill chunk: not this variant
-            return None
-        for r in range(rows):
-            n = int(lens[r])
-            for kh in range(kv_heads):
-                lead = q[r, kh * group].clone()
-                q[r, kh * group:(kh + 1) * group] = lead
-                for pos in range(n):
-                    b = int(table[r, pos // bs])
-                    kc[b, pos % bs, kh] = lead * (1.0 - pos / max(n, 1))
-        a.update(q=q, key_cache=kc)
-        return _replace(case, a, answer(a))
+        a = falling_score_args(case.args)
+        return None if a is None else _replace(case, a, answer(a))
     return make
+
+
+def falling_score_args(args: dict) -> dict | None:
+    """``args`` (a decode step's) with every request's scores falling with position (see ``falling_scores``).
+
+    ``None`` for a prefill chunk (more query rows than requests).
+    """
+    a = dict(args)
+    q, kc = a["q"].clone(), a["key_cache"].clone()
+    kv_heads, bs = kc.shape[2], kc.shape[1]
+    group = q.shape[-2] // kv_heads
+    table, lens = a["block_table"], a["seq_lens"]
+    rows = q.shape[0]
+    if rows != len(lens):  # a prefill chunk: not this variant
+        return None
+    for r in range(rows):
+        n = int(lens[r])
+        for kh in range(kv_heads):
+            lead = q[r, kh * group].clone()
+            q[r, kh * group:(kh + 1) * group] = lead
+            for pos in range(n):
+                b = int(table[r, pos // bs])
+                kc[b, pos % bs, kh] = (lead * (1.0 - pos / max(n, 1))).to(kc.dtype)
+    a.update(q=q, key_cache=kc)
+    return a
 
 
 def stride_read(case, name, idx) -> bool:
