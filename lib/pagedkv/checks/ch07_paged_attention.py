@@ -38,8 +38,17 @@ the values only.
 
 A wrong output is compared with the answers of the common mistakes (reading
 blocks in order instead of through the table, attending to the whole last
-block, the wrong KV head for a query head, no scale) so that the hint names
-the mistake. Finally, the function is run once more with every Triton launch
+block, the wrong KV head for a query head, no scale, a wrong scale or a
+mixed-up base of exp2 and exp) so that the hint names the mistake; one that
+none explains is rerun with keys that score ever lower (the first tile holds
+every maximum), and right there names a running max not rescaled.
+
+One case puts two requests' blocks past id 2**22 in a pool of 2**31+
+elements: offsets computed in int32 wrap there. The pool is an anonymous
+mapping reserved with MAP_NORESERVE, so only the few blocks written take
+memory; in the interpreter the wrapped address is stopped before the load
+and named. Compiled on a GPU the case is not run (a wrapped address there is
+an illegal access that ends the CUDA context). Finally, the function is run once more with every Triton launch
 skipped and its fresh buffers poisoned: an answer that is still right was
 computed by PyTorch, not by the kernel.
 """
