@@ -1,8 +1,10 @@
 """Exercise 5's prediction task and the check of its two kernels together (issue 36 §3, §5).
 
-The prediction: the solution's slots pass, an empty one prints one line,
-each modelled misreading (of the table edits or of the slot formula) is
-named and drawn with the block-major picture, a malformed one is a red line.
+The prediction (a step of Model Runner V2: rows kept for life, staged
+appends, the gather): the solution's slots pass, an empty one prints one
+line, each modelled misreading (of the appends, of the gather or of the slot
+formula) is named and drawn with the block-major picture, a malformed one is
+a red line.
 The pipeline check: the solution's kernels pass, stubs print one line, and
 wrong kernels fail, without the notebook importing the library's.
 """
@@ -20,7 +22,7 @@ from pagedkv.checks import ch05_tasks as tasks
 from pagedkv.kernels import compute_slot_mapping, reshape_and_cache
 
 ROOT = Path(__file__).resolve().parents[2]
-RIGHT = [23, 44, 45, 46, 5, -1, -1]
+RIGHT = [23, 44, 45, 46, 29, 5]
 
 
 def flat(result) -> str:
@@ -34,9 +36,9 @@ def test_the_right_slots_pass(capsys):
 
 
 def test_the_trace_is_the_librarys():
-    table, reqs, positions, slots = tasks.run_slot_trace()
+    blocks, entries, positions, slots = tasks.run_slot_trace()
     assert slots == RIGHT
-    assert table.row(0) == [4, 8, 1] and table.row(1) == [5, 11] and table.row(2) == []
+    assert blocks == {"B": [5, 11], "D": [2, 7], "C": [4, 8, 1]}
 
 
 def test_an_empty_prediction_prints_one_line(capsys):
@@ -45,12 +47,11 @@ def test_an_empty_prediction_prints_one_line(capsys):
 
 
 @pytest.mark.parametrize("got, name", [
-    ([23, 44, 45, 46, 1, -1, -1], "the move ignored"),
-    ([47, 0, 1, 2, 5, -1, -1], "the tail append read as a replacement"),
-    ([23, 44, 45, 46, 5, 0, 0], "padding looked up in row -1"),
-    ([20, 44, 44, 44, 4, -1, -1], "offset forgotten"),
-    ([8, 11, 12, 13, 2, -1, -1], "block id not scaled"),
-    ([0, 21, 45, 1, 34, -1, -1], "column and offset swapped"),
+    ([23, 44, 45, 46, 9, 5], "D's overwrite read as an append"),
+    ([47, 0, 1, 2, 29, 5], "the tail append read as a replacement"),
+    ([3, 0, 1, 2, 33, 1], "the per-request rows read by batch entry"),
+    ([20, 44, 44, 44, 28, 4], "offset forgotten"),
+    ([8, 11, 12, 13, 8, 2], "block id not scaled"),
 ])
 def test_each_misreading_is_named_and_drawn(got, name):
     report = checks.check_slot_prediction(got)
@@ -61,14 +62,14 @@ def test_each_misreading_is_named_and_drawn(got, name):
 
 
 def test_the_first_wrong_token_is_named():
-    report = checks.check_slot_prediction([23, 44, 45, 46, 6, -1, -1])
-    assert "token 4 (C's position 9) goes to slot 5, not 6" in flat(report.results[0])
+    report = checks.check_slot_prediction([23, 44, 45, 46, 29, 6])
+    assert "token 5 (C's position 9) goes to slot 5, not 6" in flat(report.results[0])
 
 
 @pytest.mark.parametrize("got, words", [
     ("23 44", "got str"),
     ([23, 44], "got 2"),
-    ([23, 44, 45, 46, 5, -1, 1.5], "one slot per token"),
+    ([23, 44, 45, 46, 29, 1.5], "one slot per token"),
     ({"B": 23}, "got dict"),
 ])
 def test_a_malformed_prediction_is_a_red_line(got, words):
@@ -77,7 +78,7 @@ def test_a_malformed_prediction_is_a_red_line(got, words):
 
 
 def test_a_slot_outside_the_cache_is_drawn_under_the_grid():
-    report = checks.check_slot_prediction([23, 44, 45, 46, 500, -1, -1])
+    report = checks.check_slot_prediction([23, 44, 45, 46, 29, 500])
     assert "C9: slot 500" in report.picture.axes[1].get_xlabel()
 
 

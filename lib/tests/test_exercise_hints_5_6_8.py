@@ -23,9 +23,10 @@ CHECKS = ROOT / "lib" / "pagedkv" / "checks"
 
 #: notebook -> (the functions the reader writes, the checker modules that judge them)
 EXERCISES = {
-    "05_slot_mapping": (("slot_mapping_numpy", "slot_mapping", "slot_mapping_kernel",
-                         "kv_write", "kv_write_kernel"),
-                        ("ch05_slot_mapping", "slot_mistakes", "ch05_tasks")),
+    "05_slot_mapping": (("gather_block_tables", "slot_mapping_gathered", "slot_mapping",
+                         "slot_mapping_kernel", "kv_write", "kv_write_kernel", "gather_kernel",
+                         "gather_block_tables_triton"),
+                        ("ch05_slot_mapping", "slot_mistakes", "ch05_tasks", "ch05_gather")),
     "06_copy_on_write": (("copy_on_write", "get_computed_blocks", "can_allocate",
                           "partial_hit", "blocks_to_allocate", "redirect_partial_hit"),
                          ("ch06_copy_on_write", "ch06_prefix_lookup", "ch06_capacity",

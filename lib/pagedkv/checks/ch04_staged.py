@@ -2,8 +2,8 @@
 
 The learner writes ``append_block_ids(table, num_blocks, req_index,
 new_block_ids, overwrite)`` for one KV-cache group, as vLLM 0.33.0's
-``BlockTables.append_block_ids`` does for each group
-(``v1/worker/gpu/block_table.py:125-144``):
+``BlockTables`` does for each group (``append_block_ids``,
+``v1/worker/gpu/block_table.py:125-144``):
 
 * ``table`` is a ``pagedkv.staged_write.StagedWriteTensor`` of
   ``[max_num_reqs, width]`` int32, the rows requests keep for life;

@@ -397,9 +397,13 @@ def check_gathered_slot_mapping(fn, cases: int = 60, seed: int = 0, timeout: flo
     with Checker("slot_mapping_gathered", timeout=timeout) as c:
         c.probe(lambda: _call_slots(fn, *WORKED_SLOTS, "probe"))
         c.written_here("slot_mapping_gathered", lambda: _call_slots(fn, *WORKED_SLOTS, "probe"), LIBRARY_SLOTS)
+
+        def diagnose():
+            return _diagnose_slots(fn)
+
         c.prop("the worked step: B's chunk, D's and C's tokens -> [23, 44, 45, 46, 29, 5]",
                lambda: _compare_slots(fn, WORKED_SLOTS, "the worked step"),
-               "first the entry each token belongs to, then its row's block at p // B")
+               "first the entry each token belongs to, then its row's block at p // B", diagnose)
 
         def int64():
             got = _call_slots(fn, *WORKED_SLOTS, "the worked step")
@@ -415,21 +419,21 @@ def check_gathered_slot_mapping(fn, cases: int = 60, seed: int = 0, timeout: flo
             _compare_slots(fn, (table, qsl, pos, 16), "positions at block boundaries (B = 16)")
 
         c.prop("positions on either side of a block boundary, tokens on either side of an entry's start",
-               boundaries, "which column holds position 16, and which entry token 4?")
+               boundaries, "which column holds position 16, and which entry token 4?", diagnose)
 
         def wide():
             table = torch.tensor([[20_000_000, 3]], dtype=torch.int32)
             _compare_slots(fn, (table, torch.tensor([0, 2]), torch.tensor([5, 130]), 128), "slots past 2**31")
 
         c.prop("slots past 2**31 do not overflow", wide,
-               "the gathered table is int32; its product with block_size may not be")
+               "the gathered table is int32; its product with block_size may not be", diagnose)
 
         def randomized():
             for k, case in enumerate(randoms):
                 _compare_slots(fn, case, f"random step {k} (block_size {case[3]})")
 
         c.prop(f"{cases} random steps at block sizes 1, 4, 16, 128 match the library", randomized,
-               "the message names the token, its entry and its position")
+               "the message names the token, its entry and its position", diagnose)
     return c.report
 
 
