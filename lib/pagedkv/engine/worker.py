@@ -288,9 +288,9 @@ class Worker:
 
     # ----------------------------------------------------------------- checks
     def check(self, expected: Mapping[str, list[int]], waiting=()) -> None:
-        """Every running request (``expected``: id -> block ids) holds a row with exactly its blocks; ``InvariantError`` if not.
+        """Every running request (``expected``: id -> block ids) holds a row with exactly its blocks.
 
-        Also the tables' own invariants, and that no request in ``waiting``
+        ``InvariantError`` if not. Also the tables' own invariants, and that no request in ``waiting``
         holds a row (a preempted one gave its row back). Other held rows are
         those of requests finished since the last step: the next step frees them.
         """
