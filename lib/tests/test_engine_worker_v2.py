@@ -122,3 +122,32 @@ def test_the_workers_rows_batch_and_table_are_vllm_0_33_0s(seed, model, monkeypa
 
 def test_sort_batch_req_ids_puts_decodes_first_then_shorter_chunks():
     assert sort_batch_req_ids({"p": 7, "d1": 1, "c": 3, "d2": 1, "e": 3}) == ["d1", "d2", "c", "e", "p"]
+
+
+def test_a_scheduler_output_that_does_not_fit_the_rows_changes_nothing(model):
+    from pagedkv.engine.scheduler import SchedulerOutput
+
+    engine = LLMEngine(EngineArgs(block_size=4, num_gpu_blocks_override=32, max_model_len=40, max_num_seqs=2,
+                                  kernel_backend="torch"), model)
+    engine.add_request("a", [1, 2, 3], max_tokens=4, ignore_eos=True)
+    engine.step()
+    worker = engine.worker
+    before = (dict(worker.req_states.req_id_to_index), list(worker.req_states.free_indices), worker.rows())
+    bad = [
+        (SchedulerOutput(step=9, scheduled_running_reqs=["ghost"], num_scheduled_tokens={"ghost": 1},
+                         total_num_scheduled_tokens=1), "'ghost' holds no row"),
+        (SchedulerOutput(step=9, scheduled_new_reqs=["b", "c"], num_scheduled_tokens={"b": 1, "c": 1},
+                         new_block_ids={"b": [5], "c": [6]}, total_num_scheduled_tokens=2),
+         "2 requests join but only 1 rows are free"),
+        (SchedulerOutput(step=9, scheduled_running_reqs=["a"], num_scheduled_tokens={"a": 1},
+                         new_block_ids={"a": list(range(1, 11))}, total_num_scheduled_tokens=1),
+         "past the table's 10 columns"),
+        (SchedulerOutput(step=9, num_scheduled_tokens={"b": 1}, total_num_scheduled_tokens=1),
+         "neither new, resumed nor running"),
+    ]
+    for out, message in bad:
+        with pytest.raises(ValueError, match=message):
+            worker.execute_model(out, engine.scheduler.requests)
+        assert (dict(worker.req_states.req_id_to_index), list(worker.req_states.free_indices),
+                worker.rows()) == before
+    engine.check()
