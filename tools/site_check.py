@@ -363,7 +363,7 @@ _PAGE_JS = r"""
 
   // Legible on a phone: a view's SVG picture scales with the column; its smallest label, as drawn,
   // is 9 px or more. (At 1280 px the book's pictures are drawn for the column, at full size.)
-  for (const svg of window.__pkvPhone ? col.querySelectorAll('.pagedkv-pool svg, .pagedkv-replay svg') : []) {
+  for (const svg of window.__pkvPhone ? col.querySelectorAll('.pagedkv-pool svg, .pagedkv-replay svg, .pagedkv-step > svg') : []) {
     if (svg.ownerSVGElement || !shown(svg) || svg.closest('desc')) continue;
     const vb = svg.viewBox && svg.viewBox.baseVal;
     if (!vb || !vb.width) continue;
@@ -416,7 +416,7 @@ _PAGE_JS = r"""
         return sum / (d.length / 4);
       } catch (e) { return null; }  // a picture the canvas may not read
     };
-    for (const el of col.querySelectorAll('img, .pagedkv-pool > svg')) {
+    for (const el of col.querySelectorAll('img, .pagedkv-pool > svg, .pagedkv-step > svg')) {
       const r = el.getBoundingClientRect();
       if (light.some(l => l.contains(el)) || r.width * r.height <= 4000 || r.height <= 24) continue;
       const mean = await drawn(el);
@@ -425,7 +425,7 @@ _PAGE_JS = r"""
         problems.push(['dark', `${where(el)}: ${name(el)} is drawn light (${Math.round(r.width)} x ${Math.round(r.height)} px, mean luminance ${mean.toFixed(2)}) in dark mode: "${snippet(el).slice(0, 40)}"`]);
       }
     }
-    counts.pictures_dark = col.querySelectorAll('img, .pagedkv-pool > svg').length;
+    counts.pictures_dark = col.querySelectorAll('img, .pagedkv-pool > svg, .pagedkv-step > svg').length;
     let faint = 0;
     for (const el of col.querySelectorAll('.pagedkv-pool, .pagedkv-block-table, .pagedkv-replay, .pagedkv-explorable, .cell_output .text_html')) {
       for (const t of el.querySelectorAll('*')) {

@@ -14,6 +14,9 @@ One concept per module:
   ``following``, how they keep up with an engine (throttled);
 - ``trace`` / ``replay`` (+ ``replay.js``): ``TraceRecorder`` and its player;
   ``engine_trace``: the same recorder on an engine's steps;
+- ``engine_step``: ``StepTrace``, every stage of every step of an engine
+  with its values, and the map of one step drawn from it
+  (``render_engine_step``, ``render_async_overlap``);
 - ``figures``, ``calculator``: matplotlib figures and the budget calculator;
 - ``kv_buffer``: chapter 1's picture of the KV buffer and its per-layer views;
 - ``fragmentation``: chapter 2's plots and its ipywidgets explorer;
@@ -46,6 +49,7 @@ _EXPORTS = {
     **dict.fromkeys(["TraceRecorder", "describe_event"], "trace"),
     **dict.fromkeys(["Frame", "Replay", "replay_html"], "replay"),
     "EngineTrace": "engine_trace",
+    **dict.fromkeys(["StepTrace", "StepRecord", "render_engine_step", "render_async_overlap"], "engine_step"),
     **dict.fromkeys(["allocation_layout", "attention_grid_figure", "block_table_figure", "kv_usage_figure",
                      "pool_history_figure", "pool_snapshot"],
                     "figures"),
