@@ -45,6 +45,7 @@ LAYERS = [
     {"server_log", "free_queue", "pool_events", "request"},
     {"block_pool"},
     {"single_type_managers"},
+    {"mamba_manager"},
     {"kv_cache_coordinator"},
     {"kv_cache_manager", "token_pool"},
     {"kernels"},

@@ -6,7 +6,8 @@ The package is a core a reader studies, with rooms around it::
       |      |       |
      sim     |       |            what the chapters simulate: imports the core only
       |      |       |
-    core: common, budget, hashing -> block_pool -> single_type_managers -> kv_cache_coordinator
+    core: common, budget, hashing -> block_pool -> single_type_managers -> mamba_manager
+          -> kv_cache_coordinator
           -> kv_cache_manager, token_pool
           -> kernels -> request_state, staged_write -> block_table(s) -> model -> engine
           (each module imports only what stands to its left)
@@ -38,6 +39,7 @@ _SUBMODULES = {
     "request",
     "kv_cache_spec",
     "single_type_managers",
+    "mamba_manager",
     "kv_cache_coordinator",
     "kv_cache_manager",
     "block_table",

@@ -35,7 +35,8 @@ from typing import Sequence
 from .block_pool import BlockPool
 from .common import cdiv, check_int, require
 from .free_queue import KVCacheBlock
-from .kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec
+from .kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
+from .mamba_manager import MANAGERS_WITH_MAMBA
 from .single_type_managers import SingleTypeKVCacheManager, get_manager_for_kv_cache_spec
 
 __all__ = ["KVCacheCoordinator", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator",
@@ -79,6 +80,7 @@ class KVCacheCoordinator:
         self.enable_caching = bool(enable_caching)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(g.kv_cache_spec, max_in_flight_tokens, max_model_len,
+                                          managers=MANAGERS_WITH_MAMBA,
                                           block_pool=block_pool, enable_caching=enable_caching,
                                           kv_cache_group_id=i, hash_block_size=hash_block_size)
             for i, g in enumerate(groups))
@@ -130,8 +132,7 @@ class KVCacheCoordinator:
         checks ``get_num_blocks_to_allocate`` first and never gets here).
         """
         self._check_request(request_id, num_tokens)
-        need = sum(max(0, cdiv(num_tokens, m.block_size) - len(m.req_to_blocks.get(request_id, ())))
-                   for m in self.single_type_managers)
+        need = sum(m.get_num_new_blocks(request_id, num_tokens) for m in self.single_type_managers)
         if need > self.block_pool.get_num_free_blocks():
             raise ValueError(f"request {request_id!r} needs {need} new blocks for {num_tokens} tokens across "
                              f"{len(self.single_type_managers)} groups; only {self.block_pool.get_num_free_blocks()} are free")
@@ -148,6 +149,20 @@ class KVCacheCoordinator:
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens
+
+    def new_step_starts(self) -> None:
+        """A scheduling step begins (``new_step_starts``, ``v1/core/kv_cache_coordinator.py:474-477``)."""
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
+        """The step's copy-on-write copies as ``(src_block_id, dst_block_id)``, and the
+        blocks they keep held: both ends of each, to free once the copies have run
+        (vLLM's ``KVCacheManager.take_kv_cache_block_copies``,
+        ``v1/core/kv_cache_manager.py:863-878``; its scheduler frees them when the
+        step that runs the copies is done)."""
+        pending = [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
+        return [(src.block_id, dst.block_id) for src, dst in pending], [b for pair in pending for b in pair]
 
     # ------------------------------------------------------------- freeing
     def free(self, request_id: str) -> None:
@@ -193,6 +208,9 @@ class KVCacheCoordinator:
                 for b in blocks:
                     if not b.is_null:
                         expected[b.block_id] += 1
+            for pair in manager.pending_cow_copies:  # both ends held until the copy has run
+                for b in pair:
+                    expected[b.block_id] += 1
         for b in pool.blocks[1:]:
             require(b.ref_cnt == expected[b.block_id], "ref_cnt = table entries over all groups",
                     f"block {b.block_id} has ref_cnt {b.ref_cnt}, the tables hold it {expected[b.block_id]} times")
@@ -235,9 +253,27 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # Full attention first: its left-to-right scan gives the tightest first bound.
         self.attention_groups = sorted(((spec, ids, cls) for (spec, cls), ids in by_spec.items()),
                                        key=lambda g: not isinstance(g[0], FullAttentionSpec))
+        # Partial (sub-block) hits: only beside a Mamba group in "align" mode whose
+        # state block is longer than the hash block, and only when every other
+        # group can look up at hash-block granularity (or hashes whole blocks)
+        # (``partial_hash_hits_enabled``, ``v1/core/kv_cache_utils.py:762-801``).
+        # Then hits and cached prefixes end on any hash-block boundary.
+        h = self.hash_block_size
+        self.enable_partial_hash_hits = any(
+            isinstance(g.kv_cache_spec, MambaSpec) and g.kv_cache_spec.mamba_cache_mode == "align"
+            and g.kv_cache_spec.block_size > h for g in self.kv_cache_groups) and all(
+            m.supports_fine_grained_hash_lookup or m.block_size == h for m in self.single_type_managers)
+        if self.enable_partial_hash_hits:
+            self.cache_hit_alignment_tokens = h
+        for manager in self.single_type_managers:
+            manager.cache_hit_alignment_tokens = self.cache_hit_alignment_tokens
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         # A hit ends on a scheduler-block boundary; nothing past the last one can be hit.
+        # With partial hits any boundary may be hit: nothing is rounded
+        # (``_align_cacheable``, ``v1/core/kv_cache_coordinator.py:752-763``).
+        if self.enable_partial_hash_hits:
+            return num_computed_tokens
         return num_computed_tokens - num_computed_tokens % self.scheduler_block_size
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from .common import cdiv, check_int
 
 __all__ = ["DTYPE_SIZES", "KVCacheSpec", "AttentionSpec", "FullAttentionSpec", "SlidingWindowSpec",
-           "MLAAttentionSpec", "KVCacheGroupSpec", "LAYER_TYPES", "layer_specs_from_types",
+           "MLAAttentionSpec", "MambaSpec", "KVCacheGroupSpec", "LAYER_TYPES", "layer_specs_from_types",
            "unify_kv_cache_spec_page_size", "get_kv_cache_groups"]
 
 #: Bytes per element of the KV-cache dtypes we size (vLLM reads them off a torch dtype).
@@ -167,6 +167,78 @@ class SlidingWindowSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         return self.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len) * self.page_size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """A Mamba / linear-attention layer: one fixed-size *state* per request, not a KV per token.
+
+    ``shapes`` and ``dtypes`` describe the state tensors (conv and SSM state);
+    one block holds one state, so ``page_size_bytes`` is their total size
+    whatever ``block_size`` says (``MambaSpec``, ``v1/kv_cache_interface.py:1094-1166``).
+    ``block_size`` is how many tokens a state advances per block: in "align"
+    mode a state is saved at every ``block_size`` boundary, which is what
+    prefix caching can hit. A request holds two states at once (the one it
+    reads, the one it writes), so ``max_memory_usage_bytes`` is two pages in
+    "align" mode and one otherwise. Speculative and prefill-checkpoint blocks
+    are not modelled: they are refused if non-zero.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple = ("float16",)
+    page_size_padded: int | None = None
+    mamba_cache_mode: str = "align"
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (not isinstance(self.shapes, tuple) or not self.shapes
+                or not all(isinstance(t, tuple) and t for t in self.shapes)):
+            raise TypeError(f"shapes must be a non-empty tuple of shape tuples, got {self.shapes!r}")
+        for shape in self.shapes:
+            for d in shape:
+                check_int(d, "shapes entry", 1)
+        if not isinstance(self.dtypes, tuple) or len(self.dtypes) != len(self.shapes):
+            raise ValueError(f"dtypes must be a tuple with one dtype per shape ({len(self.shapes)}), "
+                             f"got {self.dtypes!r}")
+        for d in self.dtypes:
+            _dtype_size(d, "dtypes entry")
+        if self.mamba_cache_mode not in ("align", "none"):
+            raise ValueError(f"mamba_cache_mode must be 'align' or 'none', got {self.mamba_cache_mode!r}")
+        for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks"):
+            if check_int(getattr(self, name), name, 0):
+                raise ValueError(f"{name}={getattr(self, name)}: speculative and checkpoint state blocks "
+                                 "are not modelled here; only 0 is accepted")
+        if self.page_size_padded is not None:
+            check_int(self.page_size_padded, "page_size_padded", 1)
+            if self.page_size_padded < self.real_page_size_bytes:
+                raise ValueError(f"page_size_padded={self.page_size_padded} is smaller than the state it pads "
+                                 f"({self.real_page_size_bytes} bytes)")
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        total = 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * _dtype_size(dtype, "dtypes entry")
+        return total
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.real_page_size_bytes if self.page_size_padded is None else self.page_size_padded
+
+    def max_memory_usage_bytes(self, max_model_len: int = 0, max_in_flight_tokens: int = 0) -> int:
+        return self.page_size_bytes * (2 if self.mamba_cache_mode == "align" else 1)
+
+    def max_num_blocks_per_req(self, max_len: int) -> int:
+        """In "align" mode the table is indexed by position over the whole sequence
+        (earlier states are null); otherwise one state."""
+        if self.mamba_cache_mode == "align":
+            return super().max_num_blocks_per_req(max_len)
+        return 1
 
 
 @dataclass

@@ -27,8 +27,15 @@ block in a table carries this group's tag, and in a full-attention table
 every block under ``num_cached_block`` is hashed (a window's mask may leave
 blocks no hit can use unfiled).
 
-What we leave out of vLLM's managers: partial (sub-block) hits and their
-copy-on-write (``KVCacheManager`` teaches them for one group), EAGLE drops,
+Partial hits: when a hit ends inside one of a group's blocks (vLLM 0.33.0
+makes such hits only beside a Mamba group in "align" mode whose block is
+longer than the hash block), the shared block is copied before the request
+writes into it: ``allocate_new_blocks`` gives the request a private block in
+its place (``_apply_cow``) and queues ``(source, copy)`` until the copy has
+run (``take_pending_cow_copies``); both ends hold one extra reference until
+then, which ``check()`` counts.
+
+What we leave out of vLLM's managers: EAGLE drops,
 context parallelism, external (connector) tokens, and sparse retention
 (``prefix_cache_retention_interval``, whose default ``None`` caches densely).
 """
@@ -42,7 +49,8 @@ from .common import cdiv, check_int, require
 from .free_queue import KVCacheBlock
 from .kv_cache_spec import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
-__all__ = ["make_block_hash_with_group_id", "block_hashes_at", "SingleTypeKVCacheManager",
+__all__ = ["make_block_hash_with_group_id", "block_hashes_at", "uncache_block", "cache_block_under",
+           "SingleTypeKVCacheManager",
            "FullAttentionManager", "SlidingWindowManager", "get_manager_for_kv_cache_spec"]
 
 
@@ -66,6 +74,25 @@ def block_hashes_at(block_hashes: Sequence[bytes], hash_block_size: int, block_s
     return block_hashes[r - 1::r]
 
 
+def uncache_block(block_pool: BlockPool, block: KVCacheBlock) -> None:
+    """Take a held block's hash out of the prefix cache (vLLM's ``_remove_cached_block_hashes``,
+    ``v1/core/block_pool.py:630-649``): a partial entry is replaced when its block fills, or
+    moves to a copy. The pool's own ``evict_blocks`` refuses held blocks, so the map is
+    edited here through its public attribute, both sides at once."""
+    if block.block_hash is None:
+        return
+    same_hash = block_pool.cached_block_hash_to_block[block.block_hash]
+    del same_hash[block.block_id]
+    if not same_hash:
+        del block_pool.cached_block_hash_to_block[block.block_hash]
+    block.reset_hash()
+
+
+def cache_block_under(block_pool: BlockPool, block: KVCacheBlock, key: bytes) -> None:
+    """File one held, unhashed block under ``key`` (it joins the end of that key's entries)."""
+    block_pool.cache_full_blocks([block], [key], 0, 1)
+
+
 class SingleTypeKVCacheManager:
     """The block tables of one group (``SingleTypeKVCacheManager``,
     ``v1/core/single_type_kv_cache_manager.py:49-160``).
@@ -82,6 +109,10 @@ class SingleTypeKVCacheManager:
     """
 
     spec_class: ClassVar[type] = KVCacheSpec
+    #: Whether a hit may end inside a block (at a hash-block boundary) when partial hits are on.
+    supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    #: Where a table may hold the null block: "none", a leading run ("head"), or "anywhere".
+    null_entries: ClassVar[str] = "none"
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                  kv_cache_group_id: int, hash_block_size: int | None = None,
@@ -109,6 +140,12 @@ class SingleTypeKVCacheManager:
         # (or were skipped): cache_blocks starts after them.
         self.num_cached_block: dict[str, int] = {}
         self._null_block = block_pool.null_block
+        # Tokens a hit must be a multiple of; the coordinator sets it.
+        self.cache_hit_alignment_tokens = self.block_size
+        # request id -> (table index, shared block) of a partial hit awaiting its copy.
+        self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        # (source, copy) pairs whose copy has not run yet; both hold an extra reference.
+        self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
 
     # ---------------------------------------------------------------- sizing
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -135,7 +172,18 @@ class SingleTypeKVCacheManager:
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, len(new_computed_blocks) + num_req_blocks), 0)
         skip = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = sum(b.ref_cnt == 0 and not b.is_null for b in new_computed_blocks[skip:])
+        if self._has_partial_local_hit(new_computed_blocks, total_computed_tokens):
+            num_new_blocks += 1  # the private copy of the shared tail block
         return num_new_blocks + num_evictable
+
+    def _has_partial_local_hit(self, new_computed_blocks: Sequence[KVCacheBlock], num_local_computed_tokens: int) -> bool:
+        # The hit ends inside one of this group's blocks: that block is shared and must be copied.
+        return len(new_computed_blocks) > 0 and num_local_computed_tokens % self.block_size != 0
+
+    def get_num_new_blocks(self, request_id: str, num_tokens: int) -> int:
+        """Blocks ``allocate_new_blocks(request_id, num_tokens)`` will take from the pool."""
+        return (max(0, cdiv(num_tokens, self.block_size) - len(self.req_to_blocks.get(request_id, ())))
+                + (request_id in self._partial_hit_reqs))
 
     # ------------------------------------------------------------ allocation
     def add_local_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
@@ -156,17 +204,66 @@ class SingleTypeKVCacheManager:
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(kept)
         self.num_cached_block[request_id] = len(req_blocks)
+        if self._has_partial_local_hit(kept, num_local_computed_tokens):
+            # The last hit block is valid only up to the hit: remember it for the
+            # copy, and count only the full blocks as cached, so the private copy
+            # is filed once it fills.
+            block_idx = num_local_computed_tokens // self.block_size
+            self._partial_hit_reqs[request_id] = (block_idx, kept[-1])
+            self.num_cached_block[request_id] = block_idx
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         """Append fresh blocks until the table covers ``num_tokens`` tokens; return them
-        (``allocate_new_blocks``, ``v1/core/single_type_kv_cache_manager.py:370-411``)."""
+        (``allocate_new_blocks``, ``v1/core/single_type_kv_cache_manager.py:370-411``).
+
+        A pending partial hit is copied first: its shared block is replaced, at
+        the same index, by a fresh private block (the table's one edit that is
+        not an append), which comes first in the list returned."""
+        cow_blocks = []
+        if request_id in self._partial_hit_reqs:
+            block_idx, source_block = self._partial_hit_reqs.pop(request_id)
+            cow_block = self.block_pool.get_new_blocks(1)[0]
+            self._apply_cow(request_id, block_idx, source_block, cow_block)
+            cow_blocks.append(cow_block)
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new_blocks <= 0:
-            return []
+            return cow_blocks
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
-        return new_blocks
+        return cow_blocks + new_blocks
+
+    def _apply_cow(self, request_id: str, block_idx: int, source_block: KVCacheBlock,
+                   cow_block: KVCacheBlock) -> None:
+        """Point the table at a private copy of a partly hit block (``_apply_cow``,
+        ``v1/core/single_type_kv_cache_manager.py:455-475``).
+
+        The source keeps the reference the hit took, and the copy takes one
+        more than the table's, until the copy has run on the worker: a free in
+        the same step must not recycle either end while the copy reads or
+        writes it."""
+        req_blocks = self.req_to_blocks[request_id]
+        require(req_blocks[block_idx] is source_block, "a partial hit's block is where the hit put it",
+                f"{request_id!r} entry {block_idx} is block {req_blocks[block_idx].block_id}, "
+                f"not {source_block.block_id}")
+        req_blocks[block_idx] = cow_block
+        self._pending_cow_copies.append((source_block, cow_block))
+        cow_block.ref_cnt += 1
+
+    @property
+    def pending_cow_copies(self) -> tuple[tuple[KVCacheBlock, KVCacheBlock], ...]:
+        """The queued ``(source, copy)`` pairs, read-only (each end holds one reference for it)."""
+        return tuple(self._pending_cow_copies)
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """Hand over the queued ``(source, copy)`` pairs (``take_pending_cow_copies``,
+        ``v1/core/single_type_kv_cache_manager.py:423-429``); the caller runs the copies, then
+        frees both ends of each pair once."""
+        pending, self._pending_cow_copies = self._pending_cow_copies, []
+        return pending
+
+    def new_step_starts(self) -> None:
+        """A scheduling step begins (a Mamba group forgets what it cached in the last one)."""
 
     # ---------------------------------------------------------------- caching
     def reachable_block_mask(self, start_block: int, end_block: int,
@@ -201,6 +298,10 @@ class SingleTypeKVCacheManager:
             keys.append(make_block_hash_with_group_id(hashes[i], gid))
             if mask is not None and not mask[i - num_cached]:
                 todo[i] = self._null_block
+            elif not todo[i].is_null and todo[i].block_hash not in (None, keys[i]):
+                # A partial entry on a block that has now filled: the full key replaces it
+                # (vLLM's partial->full promotion in ``cache_full_blocks``).
+                uncache_block(self.block_pool, todo[i])
         self.block_pool.cache_full_blocks(todo, keys, num_cached, num_full)
         self.num_cached_block[rid] = num_full
 
@@ -213,6 +314,7 @@ class SingleTypeKVCacheManager:
         """
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
+        self._partial_hit_reqs.pop(request_id, None)
         self.block_pool.free_blocks(reversed([b for b in req_blocks if not b.is_null]))
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
@@ -275,16 +377,17 @@ class SingleTypeKVCacheManager:
             for b in real:
                 require(b.ref_cnt > 0, "a table's blocks are held", f"{rid!r} holds block {b.block_id} with ref_cnt 0")
             head = len(blocks) - len(real)
-            require(all(b is null for b in blocks[:head]), "null entries only at the head",
-                    f"group {self.kv_cache_group_id}, {rid!r}: {ids}")
-            require(head == 0 or isinstance(self, SlidingWindowManager), "only a window skips blocks",
+            if self.null_entries != "anywhere":
+                require(all(b is null for b in blocks[:head]), "null entries only at the head",
+                        f"group {self.kv_cache_group_id}, {rid!r}: {ids}")
+            require(head == 0 or self.null_entries != "none", "only a window or a state group skips blocks",
                     f"group {self.kv_cache_group_id} ({type(self).__name__}), {rid!r}: {ids}")
             n = self.num_cached_block.get(rid, 0)
             require(0 <= n <= len(blocks), "cached count within the table", f"{rid!r}: {n} of {len(blocks)}")
             tag = self.kv_cache_group_id.to_bytes(4, "big")
             for i, b in enumerate(blocks):
                 # A window's mask may leave a counted block unfiled; full attention files every one.
-                must = self.enable_caching and i < n and b is not null and not isinstance(self, SlidingWindowManager)
+                must = self.enable_caching and i < n and b is not null and self.null_entries == "none"
                 require(b.block_hash[-4:] == tag if b.block_hash is not None else not must,
                         "a table's cached blocks hold this group's hash", f"group {self.kv_cache_group_id}, "
                         f"{rid!r} entry {i} (block {b.block_id}, {n} counted cached)")
@@ -294,6 +397,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every block kept to the end; hits from the left."""
 
     spec_class = FullAttentionSpec
+    supports_fine_grained_hash_lookup = True
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
@@ -321,6 +425,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding window: blocks behind the window freed as the request runs; hits from the right."""
 
     spec_class = SlidingWindowSpec
+    null_entries = "head"
 
     def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -398,16 +503,18 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
 
 
 def get_manager_for_kv_cache_spec(kv_cache_spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int,
-                                  **kwargs) -> SingleTypeKVCacheManager:
+                                  managers: dict | None = None, **kwargs) -> SingleTypeKVCacheManager:
     """The manager for a group's spec; a sliding window gets its admission cap
-    (``get_manager_for_kv_cache_spec``, ``v1/core/single_type_kv_cache_manager.py:2608-2653``)."""
+    (``get_manager_for_kv_cache_spec``, ``v1/core/single_type_kv_cache_manager.py:2608-2653``).
+    ``managers`` replaces the registry (``pagedkv.mamba_manager`` adds its kind to it)."""
+    registry = MANAGER_FOR_SPEC if managers is None else managers
     for spec_class in type(kv_cache_spec).__mro__:
-        if spec_class in MANAGER_FOR_SPEC:
+        if spec_class in registry:
             break
     else:
         raise ValueError(f"no manager for a {type(kv_cache_spec).__name__} group "
-                         f"(known: {', '.join(c.__name__ for c in MANAGER_FOR_SPEC)})")
+                         f"(known: {', '.join(c.__name__ for c in registry)})")
     if isinstance(kv_cache_spec, SlidingWindowSpec):
         kwargs["max_admission_blocks_per_request"] = kv_cache_spec.max_admission_blocks_per_request(
             max_in_flight_tokens, max_model_len)
-    return MANAGER_FOR_SPEC[spec_class](kv_cache_spec, **kwargs)
+    return registry[spec_class](kv_cache_spec, **kwargs)
