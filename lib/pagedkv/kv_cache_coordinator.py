@@ -271,7 +271,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         # A hit ends on a scheduler-block boundary; nothing past the last one can be hit.
         # With partial hits any boundary may be hit: nothing is rounded
-        # (``_align_cacheable``, ``v1/core/kv_cache_coordinator.py:752-763``).
+        # (``_align_cacheable``, ``v1/core/kv_cache_coordinator.py:777-788``).
         if self.enable_partial_hash_hits:
             return num_computed_tokens
         return num_computed_tokens - num_computed_tokens % self.scheduler_block_size

@@ -5,10 +5,12 @@ single_type_kv_cache_manager,kv_cache_coordinator}.py`` and
 ``v1/kv_cache_interface.py`` read from the release wheel (never installed,
 never copied; the few vLLM modules they import for events, metrics,
 logging and config are stubbed) beside ours, on random workloads over a
-full-attention group and a sliding-window group, and compares after every
-operation: each group's block ids per request, each hit (blocks per group and
-length), every admission decision, the free queue in order, and every
-block's reference count and cache state.
+full-attention group beside a sliding-window group or a Mamba group in align
+mode (where hits may end inside a state block and are copied), and compares
+after every operation: each group's block ids per request, each hit (blocks
+per group and length), every admission decision, the free queue in order,
+every block's reference count and cache state, the prefix-cache map, and the
+copy-on-write pairs queued and run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 from pagedkv.common import InvariantError
 from pagedkv.kv_cache_coordinator import (HybridKVCacheCoordinator, UnitaryKVCacheCoordinator,
                                           get_kv_cache_coordinator)
-from pagedkv.kv_cache_spec import (FullAttentionSpec, KVCacheGroupSpec, MLAAttentionSpec, SlidingWindowSpec,
+from pagedkv.kv_cache_spec import (FullAttentionSpec, KVCacheGroupSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec,
                                    get_kv_cache_groups, layer_specs_from_types, unify_kv_cache_spec_page_size)
 from pagedkv.request import Request
 from pagedkv.single_type_managers import make_block_hash_with_group_id
@@ -121,6 +123,10 @@ def their_spec(vllm, spec):
     import torch
 
     I = vllm.kv_cache_interface
+    if isinstance(spec, MambaSpec):
+        return I.MambaSpec(block_size=spec.block_size, shapes=spec.shapes,
+                           dtypes=tuple(getattr(torch, d) for d in spec.dtypes),
+                           mamba_cache_mode=spec.mamba_cache_mode)
     common = dict(block_size=spec.block_size, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
                   dtype=getattr(torch, spec.dtype), page_size_padded=spec.page_size_padded)
     if isinstance(spec, SlidingWindowSpec):
@@ -303,6 +309,8 @@ class Pair:
             enable_caching=True, enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
             scheduler_block_size=math.lcm(*sizes), hash_block_size=hash_block_size)
         assert type(self.ours).__name__ == type(self.theirs).__name__
+        assert (getattr(self.ours, "enable_partial_hash_hits", False)
+                == self.theirs.enable_partial_hash_hits), "partial hash hits on or off"
         self.max_model_len = max_model_len
         self.compared = 0
 
@@ -318,7 +326,13 @@ class Pair:
         q = lambda pool: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
         assert q(ours.block_pool) == q(theirs.block_pool), f"free queue, {where}"
         assert [b.ref_cnt for b in ours.block_pool.blocks[1:]] == [b.ref_cnt for b in theirs.block_pool.blocks[1:]], where
-        assert not theirs.block_pool.cached_block_hashes_by_block  # one hash per block, as ours
+        assert not theirs.block_pool.cached_block_hashes_by_block, where  # one hash per block, as ours
+        mine_cow = [(s.block_id, d.block_id) for m in ours.single_type_managers for s, d in m.pending_cow_copies]
+        their_cow = [(s.block_id, d.block_id) for m in theirs.single_type_managers for s, d in m._pending_cow_copies]
+        assert mine_cow == their_cow, f"pending copies, {where}"
+        assert ({k: list(v) for k, v in ours.block_pool.cached_block_hash_to_block.items()}
+                == {k: ([v.block_id] if not isinstance(v, dict) else list(v))
+                    for k, v in theirs.block_pool.cached_block_hash_to_block._cache.items()}), f"prefix cache, {where}"
         assert ([b.block_hash for b in ours.block_pool.blocks]
                 == [b.block_hash for b in theirs.block_pool.blocks]), f"cached hashes, {where}"
         for g, (m, t) in enumerate(zip(ours.single_type_managers, theirs.single_type_managers)):
@@ -328,16 +342,53 @@ class Pair:
             assert m.num_cached_block == t.num_cached_block, f"group {g} cached counts, {where}"
 
 
+def mamba_split(req: Request, start: int, end: int, block_size: int, tail_stop: bool) -> int:
+    """Where a prefill chunk ends beside a Mamba group in align mode (vLLM's
+    ``Scheduler._mamba_block_aligned_split``, without EAGLE, checkpoints or
+    junctions): on a state-block boundary before the prompt's end, and at the
+    prompt's last hash-block boundary when partial hits are on."""
+    prefill_end = max(len(req.prompt_token_ids), req.num_tokens - 1)
+    if start >= prefill_end:
+        return end
+    if end < prefill_end and end // block_size * block_size > start:
+        end = end // block_size * block_size
+    if tail_stop:
+        tail = (len(req.prompt_token_ids) - 1) // req.hash_block_size * req.hash_block_size
+        if start < tail < end:
+            end = tail
+    return end
+
+
+def drain_copies(pair: Pair, stats: dict, where: str):
+    """End of a scheduling step: the copies run, both ends of each are freed (vLLM's
+    scheduler, ``take_kv_cache_block_copies`` then ``free_blocks``)."""
+    copies, retained = pair.ours.take_kv_cache_block_copies()
+    theirs = [p for m in pair.theirs.single_type_managers for p in m.take_pending_cow_copies()]
+    assert copies == [(s.block_id, d.block_id) for s, d in theirs], f"copies, {where}"
+    stats["copies"] += len(copies)
+    pair.ours.block_pool.free_blocks(retained)
+    pair.theirs.block_pool.free_blocks([b for p in theirs for b in p])
+    pair.compare(f"copies run, {where}")
+
+
 def random_run(pair: Pair, seed: int, steps: int, chunk: int):
     """Requests share prefixes (so hits happen), prefill in chunks, decode, finish or get preempted."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(3)]
     waiting: list[Request] = []
     running: dict[str, tuple[Request, types.SimpleNamespace]] = {}
-    stats = dict(hits=0, hit_tokens=0, refused=0, preempted=0, finished=0, skipped_frees=0)
+    stats = dict(hits=0, hit_tokens=0, partial_hits=0, refused=0, preempted=0, finished=0, skipped_frees=0,
+                 copies=0)
+    mamba = [m for m in pair.ours.single_type_managers if isinstance(m.kv_cache_spec, MambaSpec)]
+    tail_stop = getattr(pair.ours, "enable_partial_hash_hits", False)
+
+    def split(req, start, end):
+        return mamba_split(req, start, end, mamba[0].block_size, tail_stop) if mamba else end
+
     next_id = 0
     B = pair.ours.hash_block_size
     for step in range(steps):
+        pair.both("new_step_starts")
         if rng.random() < 0.4 or not (waiting or running):
             prompt = list(rng.choice(prefixes)) + [rng.randrange(50) for _ in range(rng.randrange(1, 30))]
             waiting.append(Request(f"r{next_id}", prompt[:pair.max_model_len - 8], max_tokens=rng.randrange(1, 12),
@@ -352,8 +403,7 @@ def random_run(pair: Pair, seed: int, steps: int, chunk: int):
             assert n_ours == n_theirs, f"hit length, step {step}"
             assert ([[b.block_id for b in bs] for bs in hit_ours]
                     == [[b.block_id for b in bs] for bs in hit_theirs]), f"hit blocks, step {step}"
-            new = min(chunk, req.num_tokens - n_ours)
-            need = (n_ours + new)
+            need = split(req, n_ours, n_ours + min(chunk, req.num_tokens - n_ours))
             a = pair.ours.get_num_blocks_to_allocate(req.request_id, need, hit_ours, n_ours)
             b = pair.theirs.get_num_blocks_to_allocate(req.request_id, need, hit_theirs, 0, n_ours, n_ours, need)
             assert a == b, f"blocks to allocate, step {step}"
@@ -362,6 +412,7 @@ def random_run(pair: Pair, seed: int, steps: int, chunk: int):
             else:
                 waiting.pop(0)
                 stats["hits"] += n_ours > 0
+                stats["partial_hits"] += n_ours % max(m.block_size for m in pair.ours.single_type_managers) != 0
                 stats["hit_tokens"] += n_ours
                 pair.ours.allocate_new_computed_blocks(req.request_id, hit_ours, n_ours)
                 pair.theirs.allocate_new_computed_blocks(req.request_id, hit_theirs, n_ours, 0)
@@ -393,8 +444,8 @@ def random_run(pair: Pair, seed: int, steps: int, chunk: int):
             pair.both("remove_skipped_blocks", rid, req.num_computed_tokens)
             after = sum(b.is_null for m in pair.ours.single_type_managers for b in m.req_to_blocks.get(rid, ()))
             stats["skipped_frees"] += after - before
-            new = min(chunk, req.num_tokens - req.num_computed_tokens)
-            need = req.num_computed_tokens + new
+            start = req.num_computed_tokens
+            need = split(req, start, start + min(chunk, req.num_tokens - start))
             a = pair.ours.get_num_blocks_to_allocate(rid, need, ((),) * len(pair.ours.single_type_managers),
                                                      req.num_computed_tokens)
             b = pair.theirs.get_num_blocks_to_allocate(rid, need, ((),) * len(pair.ours.single_type_managers),
@@ -412,6 +463,7 @@ def random_run(pair: Pair, seed: int, steps: int, chunk: int):
                 pair.theirs.cache_blocks(view, min(need, req.num_tokens))
                 req.num_computed_tokens = need
             pair.compare(f"step of {rid}, step {step}")
+        drain_copies(pair, stats, f"step {step}")
     return stats
 
 
@@ -425,6 +477,11 @@ CONFIGS = {
     "2 fa + sw window 7": ([("full", 4, None), ("full", 4, None), ("sliding", 4, 7)], 4, 60),
     "sw4 alone, window 9": ([("sliding", 4, 9)], 4, 30),
     "fa4 alone": ([("full", 4, None)], 4, 30),
+    # Mamba in align mode: state blocks of 8 tokens hashed every 4, so hits may
+    # end inside a state block and are copied (the one copy 0.33.0 makes);
+    # and a state block as long as the hash block, where hits are whole.
+    "fa4+mamba8 align": ([("full", 4, None), ("mamba", 8, None)], 4, 40),
+    "fa4+mamba4 align": ([("full", 4, None), ("mamba", 4, None)], 4, 40),
 }
 
 
@@ -433,6 +490,9 @@ def make_groups(layout):
     for i, (kind, bs, window) in enumerate(layout):
         # heads chosen so every group's page is 8 * 4 * 2 * 2 * 4 = 512 bytes
         heads = 32 // bs
+        if kind == "mamba":  # one 512-byte state: 256 float16 values
+            groups.append(KVCacheGroupSpec([f"layer{i}"], MambaSpec(block_size=bs, shapes=((16, 16),))))
+            continue
         spec = (FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=4) if kind == "full" else
                 SlidingWindowSpec(block_size=bs, num_kv_heads=heads, head_size=4, sliding_window=window))
         groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
@@ -461,15 +521,17 @@ def test_differential_against_vllm_0_33_0(vllm, name):
         pair = Pair(vllm, make_groups(layout), num_blocks, max_model_len=96, max_in_flight=8,
                     hash_block_size=hash_block_size)
         assert isinstance(pair.ours, UnitaryKVCacheCoordinator if len(layout) == 1 else HybridKVCacheCoordinator)
-        stats = random_run(pair, seed, steps=120, chunk=[5, 8, 16][seed])
+        stats = random_run(pair, seed, steps=120, chunk=[5, 8, 16][seed] if "mamba" not in name else [9, 8, 16][seed])
         totals["compared"] += pair.compared
         for k, v in stats.items():
             totals[k] = totals.get(k, 0) + v
     print(f"\n{name}: {totals}")
     # the workloads reach what they are meant to exercise
     assert totals["hits"] > 0 and totals["preempted"] > 0 and totals["finished"] > 0
-    if any(kind == "sliding" for kind, _, _ in layout):
+    if any(kind in ("sliding", "mamba") for kind, _, _ in layout):
         assert totals["skipped_frees"] > 0
+    if name == "fa4+mamba8 align":  # partial hits happen, and are copied
+        assert totals["partial_hits"] > 0 and totals["copies"] > 0
 
 
 # ------------------------------------------------------------------ stateful, against an oracle
