@@ -126,8 +126,13 @@ def test_async_scheduling_overlaps_the_next_schedule_with_this_forward(model):
     # Step n+1 is scheduled after step n was launched and before step n's output is applied.
     assert order.index(("execute", n)) < order.index(("schedule", n + 1)) < order.index(("update", n))
     assert trace.steps[n].placeholders == {"A": 1}  # A's previous token was not sampled yet
+    window = trace.window(n)
+    assert window[0] == ("schedule", n) and window[-1] == ("update", n + 1)
+    assert window.index(("schedule", n + 2)) < window.index(("update", n + 1))
     svg = render_async_overlap(trace, n)
     assert f"schedule {n + 1} runs inside forward {n}" in svg
+    with pytest.raises(ValueError, match="not both"):
+        trace.window(999)
 
     _, sync, _ = run(model, async_scheduling=False)
     m = sync.step_of("B").step

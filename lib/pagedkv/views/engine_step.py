@@ -253,6 +253,19 @@ class StepTrace:
                 return self.steps[step]
         raise ValueError(f"no recorded step has {request_id!r} as {kind}")
 
+    def window(self, step: int) -> list[tuple[str, int]]:
+        """Every event from ``schedule(step)`` to the update that applies step ``step + 1``, in order.
+
+        ``ValueError`` unless both were recorded.
+        """
+        try:
+            first = self.events.index(("schedule", step))
+            last = self.events.index(("update", step + 1))
+        except ValueError:
+            raise ValueError(f"steps {step} and {step + 1} were not both scheduled and applied in the trace "
+                             f"(recorded: {sorted(self.steps)})") from None
+        return self.events[first:last + 1]
+
     def order(self, first: int, last: int) -> list[tuple[str, int]]:
         """The events of steps ``first..last``, in the order the engine ran them."""
         return [(s, n) for s, n in self.events if first <= n <= last]
@@ -492,14 +505,7 @@ def render_async_overlap(trace: StepTrace, step: int, title: str | None = None,
     """
     if not isinstance(trace, StepTrace):
         raise TypeError(f"trace must be a StepTrace, got {type(trace).__name__}")
-    ev = trace.events
-    try:
-        first = ev.index(("schedule", step))
-        last = ev.index(("update", step + 1))
-    except ValueError:
-        raise ValueError(f"steps {step} and {step + 1} were not both scheduled and applied in the trace "
-                         f"(recorded: {sorted(trace.steps)})") from None
-    events = ev[first:last + 1]
+    events = trace.window(step)
     links = stage_links(href)
     label_w = 104
     slot_w = (_W - label_w - 2 * _PAD) / len(events)
