@@ -607,3 +607,69 @@ class TwoGroupMachine(RuleBasedStateMachine):
 
 TestTwoGroupMachine = TwoGroupMachine.TestCase
 TestTwoGroupMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+# ------------------------------------------------------------------ Mamba in align mode
+
+@pytest.mark.parametrize("kwargs,exc", [
+    (dict(shapes=()), TypeError),
+    (dict(shapes=((4, 0),)), ValueError),
+    (dict(shapes=((4,),), dtypes=("float16", "float16")), ValueError),
+    (dict(shapes=((4,),), mamba_cache_mode="all"), ValueError),
+    (dict(shapes=((4,),), num_speculative_blocks=1), ValueError),
+])
+def test_bad_mamba_specs_are_refused(kwargs, exc):
+    with pytest.raises(exc):
+        MambaSpec(block_size=8, **kwargs)
+
+
+def test_mamba_state_page_and_budget():
+    spec = MambaSpec(block_size=8, shapes=((16, 16), (4,)), dtypes=("float16", "float32"))
+    assert spec.page_size_bytes == 16 * 16 * 2 + 4 * 4
+    assert spec.max_memory_usage_bytes(4096, 512) == 2 * spec.page_size_bytes  # read state + written state
+    assert spec.max_num_blocks_per_req(20) == 3  # position-indexed, mostly null
+
+
+def fa_mamba(num_blocks=20):
+    return get_kv_cache_coordinator([
+        KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=4, num_kv_heads=8, head_size=4)),
+        KVCacheGroupSpec(["mamba"], MambaSpec(block_size=8, shapes=((16, 16),)))],
+        num_blocks, max_model_len=64, max_in_flight_tokens=16, hash_block_size=4)
+
+
+def test_a_partial_hit_under_mamba_align_is_copied_and_its_owner_keeps_its_block():
+    c = fa_mamba()
+    assert c.enable_partial_hash_hits and c.cache_hit_alignment_tokens == 4
+    a = Request("a", list(range(14)), hash_block_size=4)  # its last hittable boundary: 12 tokens
+    for n in (8, 12):  # chunks end at a state boundary, then at the prompt's tail boundary
+        c.new_step_starts()
+        c.remove_skipped_blocks("a", a.num_computed_tokens)
+        c.allocate_new_blocks("a", n)
+        c.cache_blocks(a, n)
+        a.num_computed_tokens = n
+        assert c.take_kv_cache_block_copies() == ([], [])
+    mamba = c.single_type_managers[1]
+    state = c.get_blocks("a")[1][1]
+    assert state.block_hash is not None and mamba._partial_hit_reqs["a"] == (1, state)
+    # a's next step writes that state: the entry moves to a copy, a keeps its block
+    c.new_step_starts()
+    c.remove_skipped_blocks("a", 12)
+    c.allocate_new_blocks("a", 14)
+    (copies, retained) = c.take_kv_cache_block_copies()
+    (src, dst), = copies
+    assert src == state.block_id and c.get_blocks("a")[1][1] is state and state.block_hash is None
+    assert c.block_pool.blocks[dst].block_hash is not None
+    c.block_pool.free_blocks(retained)  # the copy has run
+    c.check()
+    # b shares the 12 tokens: its hit ends inside a state block, so b gets its own copy
+    c.new_step_starts()
+    b = Request("b", list(range(12)) + [99, 98, 97], hash_block_size=4)
+    hit, n = c.find_longest_cache_hit(b.block_hashes, b.num_tokens - 1)
+    assert n == 12 and [x.block_id for x in hit[1]] == [0, dst]
+    c.allocate_new_computed_blocks("b", hit, n)
+    c.allocate_new_blocks("b", 15)
+    (copies, retained) = c.take_kv_cache_block_copies()
+    (src2, cow), = copies
+    assert src2 == dst and c.get_block_ids("b")[1] == [0, cow] and cow != dst
+    c.block_pool.free_blocks(retained)
+    c.check()
