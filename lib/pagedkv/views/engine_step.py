@@ -336,8 +336,9 @@ class _Svg:
 
 
 def _svg_frame(body: list[str], height: float, label: str) -> str:
+    # role='group', not 'img': the picture holds links, and an image may hold nothing a reader can focus.
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{_W}' height='{height:g}' "
-            f"viewBox='0 0 {_W} {height:g}' style='max-width:100%;height:auto' role='img' "
+            f"viewBox='0 0 {_W} {height:g}' style='max-width:100%;height:auto' role='group' "
             f"aria-label='{escape(label)}'><rect width='{_W}' height='{height:g}' fill='#ffffff'/>"
             + "".join(body) + "</svg>")
 
