@@ -18,8 +18,11 @@ when the matrix reads two consecutive releases (``pypi_order``), and "between"
 the two releases around the change otherwise.
 
 **The wheels** are read as ``tools.citations`` reads 0.33.0's: from the zip,
-never unpacked, never installed, downloaded once by pip into the same cache
-(``tools.citations.cache_dir``). Older wheels carry other platform tags, so
+never unpacked, never installed, in the same cache
+(``tools.citations.cache_dir``). A release whose whole wheel is not there is
+read member by member over HTTP range requests (``tools.wheel_members``):
+its file list and the files its cells cite, a few MB a release, kept under
+``members/``; pip downloads the whole wheel only where that fails. Older wheels carry other platform tags, so
 the matrix records each release's (``platforms``). Without a wheel and
 without a network the check is skipped (exit 0), except under ``CI=true``
 (exit 1), like the citation check.
@@ -39,7 +42,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tools import citations
+from tools import citations, wheel_members
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "book" / "version_matrix.json"
@@ -57,14 +60,24 @@ def release(version: str, platform: str | None = None) -> citations.Release:
 
 
 def open_wheel(version: str, platform: str | None = None, download: bool = True) -> citations.Wheel | str:
-    """The wheel of one release from the cache (downloaded if ``download``), or why there is none."""
+    """One release's wheel, or why there is none: a whole wheel already in the cache;
+    else the members this run reads, fetched by range requests and kept
+    (``tools.wheel_members``: a few MB a release, not the 340 MB wheel); else, where
+    the index or server allows no range requests, the whole wheel downloaded by pip."""
     r = release(version, platform)
     directory = citations.cache_dir()
     found = citations.cached_wheel(directory, r)
-    if found is None and download:
+    if found is None:
+        try:
+            return wheel_members.open_member_wheel(r.package, version, platform or r.pip_platform[-1],
+                                                   download=download, cache=directory)
+        except wheel_members.MemberFetchError as why:
+            if not download:
+                return f"no {r.label} wheel in {directory} (not downloaded)"
+            print(f"versions: {why}; downloading the whole wheel instead", file=sys.stderr)
         found = citations.download_wheel(directory, r)
     if found is None:
-        return f"no {r.label} wheel in {directory}" + ("" if download else " (not downloaded)")
+        return f"no {r.label} wheel in {directory}"
     try:
         return citations.Wheel(found, r.package)
     except zipfile.BadZipFile:
@@ -118,7 +131,10 @@ def check_matrix(matrix: dict, wheels: dict[str, citations.Wheel]) -> list[str]:
         for cell in row["cells"]:
             wheel = wheels.get(cell["release"])
             if wheel is not None:
-                problems += check_cell(cell, wheel, f"{label}, {cell['release']}")
+                try:
+                    problems += check_cell(cell, wheel, f"{label}, {cell['release']}")
+                except wheel_members.MemberFetchError as why:
+                    problems.append(f"{label}, {cell['release']}: {why}")
     return problems
 
 
