@@ -95,11 +95,21 @@ def test_histograms_use_vllms_buckets_and_created_samples_can_go(model):
     assert les == sorted([float(b) for b in KV_CACHE_RESIDENCY_BUCKETS] + [float("inf")])
 
 
-def test_residency_in_steps_by_hand(model):
+# The clock is the engine's step count. A request with max_tokens=1 spans P steps: synchronously, the step
+# that computes its prompt and samples its token, then the idle step that reports it finished (P = 2).
+# Under async scheduling (the default), its token is applied by the next step, scheduled while the first
+# runs and empty (nothing is scheduled past a step that samples the last token), then comes the idle step
+# (P = 3): vLLM's engine core calls schedule() the same three times (EngineCore.step_with_batch_queue),
+# and the scheduler's decisions in each are held to vLLM's by test_scheduler_async_vs_vllm.py.
+@pytest.mark.parametrize("async_scheduling, P", [(True, 3), (False, 2)], ids=["async", "sync"])
+def test_residency_in_steps_by_hand(model, async_scheduling, P):
     # Blocks of 4, a 9-token prompt: blocks 1 and 2 full (cached), 3 partial.
     engine = LLMEngine(EngineArgs(block_size=4, num_gpu_blocks_override=5, max_model_len=16,
-                                  kernel_backend="torch", max_num_seqs=1, max_num_batched_tokens=16), model)
+                                  kernel_backend="torch", max_num_seqs=1, max_num_batched_tokens=16,
+                                  async_scheduling=async_scheduling), model)
     metrics = PrometheusMetrics(model_name="tiny").attach(engine)
+    steps = []
+    engine.add_step_listener(lambda engine, out, outputs: steps.append(out.total_num_scheduled_tokens))
 
     def run(rid, prompt):
         engine.add_request(rid, prompt, max_tokens=1, ignore_eos=True)
@@ -107,18 +117,22 @@ def test_residency_in_steps_by_hand(model):
             engine.step()
 
     prompt = list(range(1, 10))
-    run("a", prompt)  # step 1 allocates 1, 2, 3; step 2 is the idle step
-    run("b", prompt)  # step 3 hits 1 and 2 (an access) and pops 3 again: 3 lived 2 steps, idle 2
-    assert metrics.evictions == [(2.0, 2.0, ())]
-    run("c", list(range(100, 113)))  # step 5 needs 4 blocks: pops 3, 4, 2, 1
-    assert metrics.evictions[1:] == [(2.0, 2.0, ()), (4.0, 2.0, ()), (4.0, 2.0, ())]
+    run("a", prompt)  # step 1 allocates 1, 2, 3; P - 1 steps schedule nothing (the idle one when b arrives)
+    run("b", prompt)  # step P + 1 hits 1 and 2 (an access) and pops 3 again: 3 lived P steps, idle P
+    assert steps == [9] + [0] * (P - 1) + [1] + [0] * (P - 2)  # b's idle step comes with c's arrival
+    assert metrics.evictions == [(P, P, ())]
+    run("c", list(range(100, 113)))  # step 2P + 1 needs 4 blocks: pops 3, 4, 2, 1
+    assert metrics.evictions[1:] == [(P, P, ()), (2 * P, P, ()), (2 * P, P, ())]
     _, v = scrape(metrics)
-    assert v["vllm:kv_block_lifetime_seconds_sum"] == 12 and v["vllm:kv_block_idle_before_evict_seconds_sum"] == 8
+    assert v["vllm:kv_block_lifetime_seconds_sum"] == 6 * P
+    assert v["vllm:kv_block_idle_before_evict_seconds_sum"] == 4 * P
 
 
-def test_reuse_gaps_are_the_last_four_accesses(model):
+@pytest.mark.parametrize("async_scheduling, P", [(True, 3), (False, 2)], ids=["async", "sync"])
+def test_reuse_gaps_are_the_last_four_accesses(model, async_scheduling, P):
     engine = LLMEngine(EngineArgs(block_size=4, num_gpu_blocks_override=8, max_model_len=28,
-                                  kernel_backend="torch", max_num_seqs=1, max_num_batched_tokens=16), model)
+                                  kernel_backend="torch", max_num_seqs=1, max_num_batched_tokens=16,
+                                  async_scheduling=async_scheduling), model)
     metrics = PrometheusMetrics(model_name="tiny").attach(engine)
     shared = list(range(1, 9))
     for i in range(7):  # each request hits block 1 (the num_tokens - 1 cap keeps block 2 out)
@@ -129,7 +143,7 @@ def test_reuse_gaps_are_the_last_four_accesses(model):
     while engine.has_unfinished_requests():
         engine.step()
     gaps = [e[2] for e in metrics.evictions if len(e[2]) == 3]
-    assert gaps and all(g == (2.0, 2.0, 2.0) for g in gaps)  # touched every other step, last four kept
+    assert gaps and all(g == (P, P, P) for g in gaps)  # touched every P steps (one request each), last four kept
 
 
 def test_bad_arguments_and_one_engine_only(model):
