@@ -13,11 +13,12 @@ Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
-from .common import check_int
+from .common import check_int, check_real
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -75,15 +76,69 @@ class ConfigModelSpec(ModelSpec):
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """A GPU as the engine sees it: total memory as nvidia-smi reports it, and peak bandwidth."""
+    """A GPU as the engine sizes it: its total memory in MiB, and, where known, its peak bandwidth.
+
+    ``total_mib`` is the total nvidia-smi prints (``memory.total``, the
+    "Memory-Usage" column's right-hand figure; MiB = 2**20 bytes).
+    ``peak_bandwidth_gbs`` is the datasheet's memory bandwidth in GB/s
+    (10**9 bytes per second), or ``None`` where it is not known: pool sizing
+    never reads it; what does (a benchmark's share of peak, a time model)
+    asks :meth:`require_bandwidth`, which refuses by name. ``0`` is accepted
+    as an older spelling of "not known" and stored as ``None``.
+
+    ``source`` and ``bandwidth_source`` are where the two figures come from
+    (URLs); ``device_names`` the names CUDA gives the card
+    (``torch.cuda.get_device_name``, the same string nvidia-smi prints), which
+    :func:`gpu_for_device_name` matches exactly.
+
+    Build one from a memory size with :meth:`from_mib`, or pass the size as
+    nvidia-smi prints it wherever a GPU is asked for (``"81559MiB"``,
+    ``"81559 MiB"``; :func:`gpu_spec`).
+    """
 
     name: str
     total_mib: int
-    peak_bandwidth_gbs: float  # HBM/GDDR bandwidth from the datasheet, GB/s (10**9)
+    peak_bandwidth_gbs: float | None = None  # HBM/GDDR bandwidth from the datasheet, GB/s (10**9)
+    source: str = ""
+    bandwidth_source: str = ""
+    device_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise TypeError(f"GPUSpec name must be a non-empty str, got {type(self.name).__name__} "
+                            f"{self.name!r}")
+        object.__setattr__(self, "total_mib", check_int(self.total_mib, "GPUSpec total_mib", 1))
+        bw = self.peak_bandwidth_gbs
+        if bw is not None:
+            bw = check_real(bw, "GPUSpec peak_bandwidth_gbs", minimum=0)
+            object.__setattr__(self, "peak_bandwidth_gbs", bw or None)
+        if isinstance(self.device_names, str) or not all(
+                isinstance(n, str) for n in self.device_names):
+            raise TypeError(f"GPUSpec device_names must be a tuple of str, got {self.device_names!r}")
+        object.__setattr__(self, "device_names", tuple(self.device_names))
+
+    @classmethod
+    def from_mib(cls, total_mib: int, name: str | None = None,
+                 peak_bandwidth_gbs: float | None = None) -> "GPUSpec":
+        """A GPU known by its total memory in MiB, as nvidia-smi prints it
+        (``GPUSpec.from_mib(81559)``); named ``"a 81,559-MiB GPU"`` unless
+        ``name`` is given. The bandwidth stays unknown unless given."""
+        mib = check_int(total_mib, "total_mib", 1)
+        return cls(f"a {mib:,}-MiB GPU" if name is None else name, mib, peak_bandwidth_gbs)
 
     @property
     def total_bytes(self) -> int:
         return self.total_mib * MiB
+
+    def require_bandwidth(self, purpose: str = "this figure") -> float:
+        """The peak bandwidth in GB/s, or a ``ValueError`` naming the GPU and ``purpose``
+        when it is not known (pool sizing never needs it; a share of peak does)."""
+        if self.peak_bandwidth_gbs is None:
+            raise ValueError(
+                f"{purpose} needs the GPU's peak memory bandwidth, and {self.name!r} has none: "
+                f"give peak_bandwidth_gbs (GB/s, from the card's datasheet), e.g. "
+                f"GPUSpec.from_mib({self.total_mib}, peak_bandwidth_gbs=...)")
+        return self.peak_bandwidth_gbs
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -99,14 +154,64 @@ MODELS: dict[str, ModelSpec] = {
     ]
 }
 
+# The GPU presets. total_mib is what nvidia-smi prints as the card's total
+# memory (memory.total; the "Memory-Usage" column's right-hand figure), each
+# from a public nvidia-smi output (``source``); the bandwidth is the vendor's
+# datasheet figure (``bandwidth_source``). vLLM itself sizes from
+# torch.cuda.mem_get_info()'s total, which the driver can report a little
+# lower than nvidia-smi's total (memory it reserves for itself): 40,339 MiB
+# against 40,960 on an A100-SXM4-40GB (deviceQuery, bottlerocket-os/bottlerocket
+# PR 3873), 178.4 GiB against 179.06 on a B200 (sglang issue 25225). Where
+# you have a server's log, "Free memory on device (free/total GiB)" gives
+# vLLM's total; ``gpu="<MiB> MiB"`` takes it.
+#
+# Cards considered and left out, for want of a public nvidia-smi figure that
+# can be cited: A10G, H100 PCIe, H100 NVL, H20 (NVIDIA publishes no H20
+# datasheet either) and MI300X (the rocm-smi total found came from a
+# partition-mode bug report). Give them as "<MiB> MiB".
+_MODAL_TABLE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
+_A100_DATASHEET = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                   "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        GPUSpec("H100 SXM 80GB", 81_559, 3_350.0),
-        GPUSpec("H200", 143_771, 4_800.0),
-        GPUSpec("A100 SXM 80GB", 81_920, 2_039.0),
-        GPUSpec("L4", 23_034, 300.0),
-        GPUSpec("RTX 4090", 24_564, 1_008.0),
+        GPUSpec("H100 SXM 80GB", 81_559, 3_350.0,
+                source="https://github.com/NVIDIA/nccl/issues/1264",
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
+                device_names=("NVIDIA H100 80GB HBM3",)),
+        GPUSpec("H200", 143_771, 4_800.0,
+                source=_MODAL_TABLE,
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/h200/",
+                device_names=("NVIDIA H200",)),
+        GPUSpec("A100 SXM 80GB", 81_920, 2_039.0,
+                source=_MODAL_TABLE,
+                bandwidth_source=_A100_DATASHEET,
+                device_names=("NVIDIA A100-SXM4-80GB",)),
+        GPUSpec("A100 SXM 40GB", 40_960, 1_555.0,
+                source="https://github.com/bottlerocket-os/bottlerocket-core-kit/pull/834",
+                bandwidth_source=_A100_DATASHEET,
+                device_names=("NVIDIA A100-SXM4-40GB",)),
+        GPUSpec("L40S", 46_068, 864.0,
+                source="https://github.com/akash-network/provider-configs/pull/99",
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/l40s/",
+                device_names=("NVIDIA L40S",)),
+        GPUSpec("L4", 23_034, 300.0,
+                source=_MODAL_TABLE,
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/l4/",
+                device_names=("NVIDIA L4",)),
+        GPUSpec("RTX 4090", 24_564, 1_008.0,
+                source="https://github.com/RLinf/RLinf/issues/255",
+                bandwidth_source=("https://www.nvidia.com/en-us/geforce/graphics-cards/"
+                                  "40-series/rtx-4090/"),
+                device_names=("NVIDIA GeForce RTX 4090",)),
+        # 8 TB/s per GPU is DGX B200's 64 TB/s over its eight GPUs; the
+        # memory bus the driver reports now gives about 7.68 TB/s
+        # (pytorch/ao PR 4002).
+        GPUSpec("B200", 183_359, 8_000.0,
+                source="https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/dgx-b200/",
+                device_names=("NVIDIA B200",)),
     ]
 }
 
@@ -134,22 +239,56 @@ def model_spec(model: str | ModelSpec | dict) -> ModelSpec:
     return _lookup(MODELS, model, "model")
 
 
+_MIB_TEXT = re.compile(r"\s*(\d[\d,_]*)\s*MiB\s*", re.IGNORECASE)
+
+
 def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
-    """A preset by name (``"H100 SXM 80GB"``), or a ``GPUSpec`` passed through."""
-    return _lookup(GPUS, gpu, "GPU")
+    """The GPU ``gpu`` names: a preset (``"H100 SXM 80GB"``, one of :data:`GPUS`),
+    a ``GPUSpec`` passed through, or a total memory as nvidia-smi prints it,
+    ``"81559MiB"`` or ``"81559 MiB"`` (``nvidia-smi --query-gpu=memory.total
+    --format=csv,noheader``), which gives :meth:`GPUSpec.from_mib` of it: a
+    GPU without a known bandwidth, which sizing never needs.
+
+    A bare number is refused (``TypeError``): MiB or bytes? Write the unit, or
+    use ``GPUSpec.from_mib``. An unknown name or a malformed size is a
+    ``ValueError`` naming it.
+    """
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    if not isinstance(gpu, str):
+        hint = (f"; a memory size needs its unit: '{gpu} MiB' as nvidia-smi prints it, or "
+                f"GPUSpec.from_mib({gpu})" if isinstance(gpu, (int, float)) and
+                not isinstance(gpu, bool) else "")
+        raise TypeError(f"gpu must be a preset name, a memory size such as '81559 MiB' or a "
+                        f"GPUSpec, got {type(gpu).__name__} {gpu!r}{hint}")
+    if gpu in GPUS:
+        return GPUS[gpu]
+    m = _MIB_TEXT.fullmatch(gpu)
+    if m:
+        digits = m.group(1).replace(",", "").replace("_", "")
+        if int(digits) < 1:
+            raise ValueError(f"gpu memory must be at least 1 MiB, got {gpu!r}")
+        return GPUSpec.from_mib(int(digits))
+    raise ValueError(f"unknown GPU {gpu!r}: give a preset ({', '.join(GPUS)}) or the total "
+                     f"memory as nvidia-smi prints it, e.g. '81559 MiB'")
 
 
 def gpu_for_device_name(device_name: str) -> GPUSpec | None:
-    """The preset whose model words all appear in a CUDA device name, e.g. ``"NVIDIA H200"``.
+    """The preset whose CUDA device name is ``device_name``
+    (``torch.cuda.get_device_name()``, e.g. ``"NVIDIA H200"``), or None.
 
-    Used to put a measured bandwidth beside the datasheet peak. Form factors are
-    not told apart: an H100 PCIe would be matched to the SXM preset.
+    Used to put a measured bandwidth beside the datasheet peak. The match is
+    exact (surrounding spaces aside), so form factors stay apart: an
+    ``"NVIDIA H100 PCIe"`` or ``"NVIDIA H100 NVL"`` is not the SXM preset's
+    ``"NVIDIA H100 80GB HBM3"``, and a MIG slice (``"... MIG 1g.10gb"``) is
+    no preset at all.
     """
-    import re
-
-    for key, gpu in GPUS.items():
-        words = [w for w in key.split() if w != "SXM" and not w.endswith("GB")]
-        if all(re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", device_name) for w in words):
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str, got {type(device_name).__name__} "
+                        f"{device_name!r}")
+    name = device_name.strip()
+    for gpu in GPUS.values():
+        if name in gpu.device_names:
             return gpu
     return None
 

@@ -236,7 +236,8 @@ else:
         """Controls in front of ``budget.plan``; the table and figure redraw on every change.
 
         Every number can be one's own: ``gpu`` is a preset name, a
-        ``GPUSpec`` or a GPU's total memory in MiB (as nvidia-smi prints it);
+        ``GPUSpec`` or a GPU's total memory in MiB as nvidia-smi prints it
+        (``"81559 MiB"``, or the number ``81_559`` as the "GPU MiB" field takes it);
         ``model`` a preset name, a ``ModelSpec`` or a Hugging Face
         ``config.json`` (a dict or its path, :func:`pagedkv.budget.model_spec_from_config`);
         ``non_kv_gib`` and ``weight_gib`` the figures a server logged
@@ -263,12 +264,13 @@ else:
                 spec = budget.model_spec_from_config(model)
             self._models[spec.name] = spec
             self._custom_mib = 81_559
-            if isinstance(gpu, budget.GPUSpec) and gpu.name not in budget.GPUS:
-                self._custom_mib, gpu_name = gpu.total_mib, self.CUSTOM_GPU
-            elif isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
-                self._custom_mib, gpu_name = int(gpu), self.CUSTOM_GPU
+            if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+                gpu = budget.GPUSpec.from_mib(int(gpu))  # the widget's "GPU MiB" field
+            g = budget.gpu_spec(gpu)  # a preset, a GPUSpec or "81559 MiB"
+            if budget.GPUS.get(g.name) == g:
+                gpu_name = g.name
             else:
-                gpu_name = budget.gpu_spec(gpu).name
+                self._custom_mib, gpu_name = g.total_mib, self.CUSTOM_GPU
             # weight_gib (a logged figure) belongs to the model it came with.
             self._weight_gib, self._weight_model = weight_gib, spec.name
             style = {"description_width": "170px"}
@@ -330,7 +332,7 @@ else:
 
         def current_gpu(self) -> budget.GPUSpec:
             if self.gpu.value == self.CUSTOM_GPU:
-                return budget.GPUSpec(f"a {self._custom_mib:,}-MiB GPU", self._custom_mib, 0.0)
+                return budget.GPUSpec.from_mib(self._custom_mib)
             return budget.GPUS[self.gpu.value]
 
         def current_plan(self) -> budget.BudgetPlan:

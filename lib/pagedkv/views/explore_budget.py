@@ -73,7 +73,7 @@ def budget_specs(inputs: dict) -> tuple:
     gpu = inputs["gpu"]
     if inputs["gpu_mib"]:
         mib = int(inputs["gpu_mib"])
-        gpu = budget.GPUSpec(f"{mib:,} MiB", mib, 0.0)
+        gpu = budget.GPUSpec.from_mib(mib, f"{mib:,} MiB")
     model = inputs["model"]
     if model == CUSTOM:
         heads = int(inputs["custom_kv_heads"])
