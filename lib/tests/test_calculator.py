@@ -167,5 +167,9 @@ def test_widget_takes_custom_numbers():
     assert calc.gpu.value == "custom" and calc.current_plan().total_bytes == 81_000 * budget.MiB
     calc.non_kv.value = 7.5
     assert "non-KV 7.5 GiB" in calc.out.value
+    # The memory as nvidia-smi prints it, and a preset by name, both work too.
+    by_text = BudgetCalculator(gpu="95830 MiB")
+    assert by_text.gpu.value == "custom" and by_text.gpu_mib.value == 95_830
+    assert BudgetCalculator(gpu="L40S").gpu_mib.value == 46_068
     calc.max_len.value = 20_000  # any number, not only powers of two
     assert "max_model_len 20,000" in calc.out.value
