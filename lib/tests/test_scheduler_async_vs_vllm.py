@@ -12,12 +12,19 @@ a field it does not give.
 
 Both schedulers are driven through the same random workloads: arrivals over
 time, prompts of varied length, many sharing a prefix (prefix-cache hits),
-varied ``max_tokens``, stop tokens, aborts, and a pool small enough that
-running requests are preempted. Under async scheduling the order is the
-engine core's queue of two batches: schedule step N+1, then apply step N's
-sampled tokens (``update_from_output``), then "run" step N+1. The model
-runner is a function of (request, position), so both sides get the same
-tokens. After every ``schedule()`` and every ``update_from_output`` the two
+varied ``max_tokens``, stop tokens and EOS, aborts (before a ``schedule()``,
+or between it and the previous step's ``update_from_output``, where vLLM's
+engine core takes them), a pool small enough that running requests are
+preempted, and in some workloads a watermark or no chunked prefill. Under
+async scheduling the order is the engine core's queue of two batches
+(``EngineCore.step_with_batch_queue``): schedule step N+1, then apply step
+N's sampled tokens, then "run" step N+1. The model runner is a function of
+(request, position), so both sides get the same tokens.
+
+Model Runner V2 receives a resumed request among the new ones
+(``scheduler.py:1642-1644``); ours keeps ``scheduled_resumed_reqs`` apart
+(the chapters show it), so vLLM's new requests are split by their status
+just before the step, as its scheduler split them (``scheduler.py:1557-1560``). After every ``schedule()`` and every ``update_from_output`` the two
 are compared: requests scheduled (new, resumed, running) and their token
 counts, the computed tokens at schedule time (prefix hits for admissions),
 new block ids per request, preempted and finished ids, then per request its
@@ -250,12 +257,13 @@ class Config(types.SimpleNamespace):
 
 
 def make_vllm_scheduler(vllm, is_async: bool, num_blocks: int, block_size: int, max_num_seqs: int,
-                        max_num_batched_tokens: int, max_model_len: int):
+                        max_num_batched_tokens: int, max_model_len: int, watermark: float = 0.0,
+                        enable_chunked_prefill: bool = True):
     """vLLM's scheduler as ``EngineArgs`` would configure it for one GPU, text only, no connector."""
     sc = Config(max_num_seqs=max_num_seqs, max_num_active_seqs=None, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_scheduled_tokens=None, long_prefill_token_threshold=0,
-                long_prefill_token_threshold_adaptive=False, policy="fcfs", enable_chunked_prefill=True,
-                scheduler_reserve_full_isl=True, watermark=0.0, prefill_schedule_interval=1,
+                long_prefill_token_threshold_adaptive=False, policy="fcfs",
+                enable_chunked_prefill=enable_chunked_prefill, scheduler_reserve_full_isl=True, watermark=watermark, prefill_schedule_interval=1,
                 async_scheduling=is_async)
     cc = Config(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
                 enable_mamba_shared_prefix_checkpoint=False, mamba_cache_mode="none")
@@ -297,10 +305,11 @@ def sampled_token(seed: int, rid: str, position: int) -> int:
 class Ours:
     """The engine's scheduler (async or sync) over our ``KVCacheManager``."""
 
-    def __init__(self, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len):
-        self.manager = KVCacheManager(num_blocks, block_size, enable_caching=True)
+    def __init__(self, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                 watermark, enable_chunked_prefill):
+        self.manager = KVCacheManager(num_blocks, block_size, enable_caching=True, watermark=watermark)
         cls = AsyncScheduler if is_async else Scheduler
-        self.s = cls(self.manager, max_num_seqs, max_num_batched_tokens, max_model_len)
+        self.s = cls(self.manager, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill)
         self.is_async = is_async
 
     def add(self, rid, prompt, max_tokens, stop_token_ids, eos):
@@ -354,10 +363,11 @@ class Ours:
 class Theirs:
     """vLLM 0.33.0's scheduler (async or sync), executed from the wheel."""
 
-    def __init__(self, vllm, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len):
+    def __init__(self, vllm, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                 watermark, enable_chunked_prefill):
         self.vllm = vllm
         self.s = make_vllm_scheduler(vllm, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-                                     max_model_len)
+                                     max_model_len, watermark, enable_chunked_prefill)
         self.hasher = vllm.block_hasher(block_size, vllm.hash_fn)
         self.arrival = 0
 
@@ -436,15 +446,21 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
     max_model_len = min(block_size * (num_blocks - 1), rng.choice([32, 48, 64]))
     max_num_seqs = rng.randint(2, 6)
     max_num_batched_tokens = rng.choice([8, 16, 32, 64])
-    args = (is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len)
+    watermark = rng.choice([0.0, 0.0, 0.1])
+    enable_chunked_prefill = rng.random() < 0.8
+    if not enable_chunked_prefill:  # every prompt must fit one step's budget
+        max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+    args = (is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, watermark,
+            enable_chunked_prefill)
     ours, theirs = Ours(*args), Theirs(vllm, *args)
     prefixes = [[rng.randrange(1, V) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
-    counts = dict.fromkeys(("steps", "requests", "aborts", "preemptions", "prefix_hits", "stale", "stopped",
+    counts = dict.fromkeys(("steps", "requests", "aborts", "aborted_with_a_step_in_flight", "preemptions", "prefix_hits", "stale", "stopped",
                             "length_capped", "stopped_with_a_step_in_flight"), 0)
     pending = None  # async: the step in flight (its decisions and each side's output)
     next_id = 0
 
     def compare(where):
+        ours.s.check()
         a, b = ours.state(), theirs.state()
         assert a == b, f"seed {seed}, {where}: state differs\nours   {a}\nvLLM's {b}"
 
@@ -462,12 +478,18 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
                 ours.add(rid, prompt, max_tokens, stop, eos)
                 theirs.add(rid, prompt, max_tokens, stop, eos)
                 counts["requests"] += 1
-        if ours.s.requests and rng.random() < 0.06:
-            rid = rng.choice(sorted(ours.s.requests))
-            ours.abort(rid)
-            theirs.abort(rid)
-            counts["aborts"] += 1
-            compare(f"iteration {it}, after aborting {rid}")
+        def maybe_abort(where):
+            if ours.s.requests and rng.random() < 0.03:
+                rid = rng.choice(sorted(ours.s.requests))
+                ours.abort(rid)
+                theirs.abort(rid)
+                counts["aborts"] += 1
+                counts["aborted_with_a_step_in_flight"] += any(
+                    rid in step[0].num_scheduled_tokens for step in (pending, current_step[0]) if step)
+                compare(f"iteration {it}, after aborting {rid} {where}")
+
+        current_step = [None]
+        maybe_abort("before schedule()")
         assert ours.has_requests() == theirs.has_requests(), f"seed {seed}, iteration {it}: has_requests"
         current = None
         if ours.has_requests():
@@ -480,7 +502,9 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
             counts["preemptions"] += len(dec_o["preempted"])
             counts["prefix_hits"] += sum(1 for r in dec_o["new"] if dec_o["computed_at_schedule"][r] > 0)
             tokens = {rid: sampled_token(seed, rid, pos) for rid, pos in dec_o["sampling"].items()}
-            current = (out_o, out_t, tokens)
+            current = current_step[0] = (out_o, out_t, tokens)
+        # vLLM's engine core takes aborts after scheduling N+1, before applying N (_process_aborts_queue).
+        maybe_abort("between schedule() and update_from_output()")
         if is_async:
             done, pending = pending, current
         else:
