@@ -454,8 +454,8 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
             enable_chunked_prefill)
     ours, theirs = Ours(*args), Theirs(vllm, *args)
     prefixes = [[rng.randrange(1, V) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
-    counts = dict.fromkeys(("steps", "requests", "aborts", "aborted_with_a_step_in_flight", "preemptions", "prefix_hits", "stale", "stopped",
-                            "length_capped", "stopped_with_a_step_in_flight"), 0)
+    counts = dict.fromkeys(("steps", "requests", "aborts", "aborted_with_a_step_in_flight", "preemptions",
+                            "prefix_hits", "stale", "stopped", "length_capped", "stopped_with_a_step_in_flight"), 0)
     pending = None  # async: the step in flight (its decisions and each side's output)
     next_id = 0
 
@@ -463,6 +463,16 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
         ours.s.check()
         a, b = ours.state(), theirs.state()
         assert a == b, f"seed {seed}, {where}: state differs\nours   {a}\nvLLM's {b}"
+
+    def maybe_abort(where, in_flight):
+        if ours.s.requests and rng.random() < 0.03:
+            rid = rng.choice(sorted(ours.s.requests))
+            ours.abort(rid)
+            theirs.abort(rid)
+            counts["aborts"] += 1
+            counts["aborted_with_a_step_in_flight"] += any(step and rid in step[0].num_scheduled_tokens
+                                                           for step in in_flight)
+            compare(f"iteration {it}, after aborting {rid} {where}")
 
     for it in range(4 * num_iterations):
         if it < num_iterations:
@@ -478,18 +488,7 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
                 ours.add(rid, prompt, max_tokens, stop, eos)
                 theirs.add(rid, prompt, max_tokens, stop, eos)
                 counts["requests"] += 1
-        def maybe_abort(where):
-            if ours.s.requests and rng.random() < 0.03:
-                rid = rng.choice(sorted(ours.s.requests))
-                ours.abort(rid)
-                theirs.abort(rid)
-                counts["aborts"] += 1
-                counts["aborted_with_a_step_in_flight"] += any(
-                    rid in step[0].num_scheduled_tokens for step in (pending, current_step[0]) if step)
-                compare(f"iteration {it}, after aborting {rid} {where}")
-
-        current_step = [None]
-        maybe_abort("before schedule()")
+        maybe_abort("before schedule()", (pending,))
         assert ours.has_requests() == theirs.has_requests(), f"seed {seed}, iteration {it}: has_requests"
         current = None
         if ours.has_requests():
@@ -502,9 +501,9 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
             counts["preemptions"] += len(dec_o["preempted"])
             counts["prefix_hits"] += sum(1 for r in dec_o["new"] if dec_o["computed_at_schedule"][r] > 0)
             tokens = {rid: sampled_token(seed, rid, pos) for rid, pos in dec_o["sampling"].items()}
-            current = current_step[0] = (out_o, out_t, tokens)
+            current = (out_o, out_t, tokens)
         # vLLM's engine core takes aborts after scheduling N+1, before applying N (_process_aborts_queue).
-        maybe_abort("between schedule() and update_from_output()")
+        maybe_abort("between schedule() and update_from_output()", (pending, current))
         if is_async:
             done, pending = pending, current
         else:
@@ -539,7 +538,7 @@ def test_the_schedulers_match_vllm_0_33_0_step_for_step(vllm, is_async):
         for key, n in run_lockstep(vllm, seed, is_async).items():
             totals[key] = totals.get(key, 0) + n
     # The workloads reach what they are for (a differential that never preempts proves little about it).
-    for key in ("preemptions", "prefix_hits", "aborts", "stopped", "length_capped"):
+    for key in ("preemptions", "prefix_hits", "aborts", "aborted_with_a_step_in_flight", "stopped", "length_capped"):
         assert totals[key] >= 10, (key, totals)
     if is_async:
         assert totals["stale"] >= 10 and totals["stopped_with_a_step_in_flight"] >= 10, totals
