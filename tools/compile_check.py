@@ -253,8 +253,14 @@ def _puzzle_args():
     }
 
 
+def _table_gather_args():
+    i32 = torch.int32
+    return ((_meta(64, dtype=i32), _meta(256, 257, dtype=i32), 257, _meta(256, dtype=i32),
+             _meta(64, 257, dtype=i32), 257, 64, 257), dict(CHUNK=512))
+
+
 NOTEBOOK_LAUNCHES = {"slot_mapping_kernel": _slot_mapping_args, "kv_write_kernel": _kv_write_args,
-                     "decode_kernel": _decode_args,
+                     "decode_kernel": _decode_args, "table_gather_kernel": _table_gather_args,
                      **{name: (lambda name=name: _puzzle_args()[name]) for name in _puzzle_args()}}
 
 

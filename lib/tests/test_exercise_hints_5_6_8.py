@@ -24,7 +24,7 @@ CHECKS = ROOT / "lib" / "pagedkv" / "checks"
 #: notebook -> (the functions the reader writes, the checker modules that judge them)
 EXERCISES = {
     "05_slot_mapping": (("gather_block_tables", "slot_mapping_gathered", "slot_mapping",
-                         "slot_mapping_kernel", "kv_write", "kv_write_kernel", "gather_kernel",
+                         "slot_mapping_kernel", "kv_write", "kv_write_kernel", "table_gather_kernel",
                          "gather_block_tables_triton"),
                         ("ch05_slot_mapping", "slot_mistakes", "ch05_tasks", "ch05_gather")),
     "06_copy_on_write": (("copy_on_write", "get_computed_blocks", "can_allocate",

@@ -69,7 +69,8 @@ def test_the_glossary_and_the_reading_order():
     entries, _ = terms.glossary(terms.ROOT)
     assert entries[0].terms == ["KV cache"]
     order = [p.relative_to(terms.ROOT).as_posix() for p in terms.reading_order(terms.ROOT)]
-    assert order[:3] == ["book/intro.md", "book/setup.md", "chapters/01_memory_budget.ipynb"]
+    assert order[:4] == ["book/intro.md", "book/setup.md", "chapters/00_one_engine_step.ipynb",
+                         "chapters/01_memory_budget.ipynb"]
     assert order.index("chapters/08_serving_engine.ipynb") < order.index("book/glossary.md")
 
 
