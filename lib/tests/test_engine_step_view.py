@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -89,9 +90,25 @@ def test_the_picture_draws_the_traced_values(model):
     ids = "[" + ", ".join(map(str, rec.block_ids["B"])) + "]"
     assert f"B holds {ids}" in svg and f"entry 1: {ids}" in svg
     assert f"B: token {rec.sampled['B']}" in svg
-    slots = rec.slots_of("B")
-    assert f"B: {slots[0]}..{slots[-1]}" in svg
     assert f"{trace.num_blocks} blocks of {BLOCK} tokens" in svg
+    # The slots split where a block ends: a request's slots are contiguous only within a block.
+    start, n = rec.num_computed_tokens["B"], rec.num_scheduled_tokens["B"]
+    runs = {}
+    for p, slot in zip(range(start, start + n), rec.slots_of("B")):
+        runs.setdefault(p // BLOCK, []).append(slot)
+    split = " | ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs.values())
+    assert len(runs) > 1 and f"B: {split}" in svg and f"slots {split}" in svg
+    # The running request's blocks beside the new one's, and why the pool had that many free.
+    held = "[" + ", ".join(map(str, rec.block_ids["A"])) + "]"
+    assert f"A holds {held} | B holds {ids}" in svg
+    assert rec.free_before == trace.num_blocks - 1 - len(rec.block_ids["A"])
+    assert html.escape(f"({trace.num_blocks} less the null block and A's {len(rec.block_ids['A'])} = "
+                       f"{rec.free_before})") in svg
+    assert "B took the last free row" in svg and rec.rows["B"] < rec.rows["A"]
+    assert "(not every step)" in svg
+    # The allocate box's chapters in reading order, left to right.
+    chips = re.findall(r"aria-label='allocate_slots[^:]*: (ch\. \d)' [^>]*><rect x='([\d.-]+)'", svg)
+    assert [c for c, _ in sorted(chips, key=lambda c: float(c[1]))] == ["ch. 2", "ch. 3", "ch. 6"], chips
 
 
 def test_every_link_points_at_a_chapter_page(model):
@@ -130,7 +147,15 @@ def test_async_scheduling_overlaps_the_next_schedule_with_this_forward(model):
     assert window[0] == ("schedule", n) and window[-1] == ("update", n + 1)
     assert window.index(("schedule", n + 2)) < window.index(("update", n + 1))
     svg = render_async_overlap(trace, n)
-    assert f"schedule {n + 1} runs inside forward {n}" in svg
+    assert f"in vLLM, schedule {n + 1} overlaps forward {n}" in svg
+    # The legend and the caption: the picture does not claim the book's engine overlaps.
+    for n_ in (n, n + 1, n + 2):
+        assert f">step {n_}</text>" in svg
+    assert "one colour per step" in svg and "thick outline: a schedule" in svg and "dashed: a forward" in svg
+    text = html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg)))
+    assert "the GPU computes forward N while the CPU schedules N+1" in text
+    assert "The book's engine runs the same stages one after the other" in text
+    assert "runs inside" not in svg
     with pytest.raises(ValueError, match="not both"):
         trace.window(999)
 
@@ -139,7 +164,8 @@ def test_async_scheduling_overlaps_the_next_schedule_with_this_forward(model):
     order = sync.order(m, m + 1)
     assert order.index(("update", m)) < order.index(("schedule", m + 1))
     assert sync.steps[m].placeholders == {"A": 0}
-    assert "runs inside forward" not in render_async_overlap(sync, m)
+    sync_svg = render_async_overlap(sync, m)
+    assert "overlaps forward" not in sync_svg and "thick outline" not in sync_svg
 
 
 def test_detach_leaves_the_engine_as_it_was(model):

@@ -31,6 +31,7 @@ engine's event order on a time axis.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Callable, Sequence
 
 from .style import MONO_FONT, escape, fit, owner_color
@@ -43,7 +44,7 @@ STAGE_CHAPTERS: dict[str, tuple[str, ...]] = {
     "startup": ("01_memory_budget",),
     "api": ("08_serving_engine",),
     "schedule": ("08_serving_engine",),
-    "allocate": ("03_block_pool", "02_fragmentation", "06_copy_on_write"),
+    "allocate": ("02_fragmentation", "03_block_pool", "06_copy_on_write"),
     "scheduler_output": ("08_serving_engine",),
     "rows": ("04_block_table",),
     "gather": ("04_block_table",),
@@ -291,17 +292,18 @@ def _ids(ids: Sequence[int], n: int = 8) -> str:
     return "[" + ", ".join(map(str, ids[:n - 2])) + f", \u2026 {ids[-1]}]"
 
 
-def _run(slots: Sequence[int]) -> str:
-    """Slots as runs: ``32..52`` for consecutive ones."""
+def _run(slots: Sequence[int], block_size: int | None = None) -> str:
+    """Slots as runs: ``32..52`` for consecutive ones; with ``block_size``,
+    split where a block ends (``32..47 | 48..52``), joined by ``|``."""
     slots = list(slots)
     if not slots:
         return "[]"
     runs, start = [], slots[0]
     for a, b in zip(slots, slots[1:] + [None]):
-        if b != a + 1:
+        if b != a + 1 or (block_size and b % block_size == 0):
             runs.append(str(start) if a == start else f"{start}..{a}")
             start = b
-    return ", ".join(runs)
+    return (" | " if block_size else ", ").join(runs)
 
 
 class _Svg:
@@ -387,24 +389,31 @@ def render_engine_step(trace: StepTrace, request_id: str, step: int | None = Non
     hit = rec.num_prefix_hit_tokens.get(rid, 0)
     new_ids = rec.new_block_ids.get(rid, [])
     alloc_lines = [f"{rid}: {len(new_ids)} block{'s' * (len(new_ids) != 1)} {_ids(new_ids)}"
-                   + (f", {hit} tokens from the prefix cache" if kind != "running" else ""),
-                   f"free blocks {rec.free_before} -> {rec.free_after}; "
-                   f"{rid} holds {_ids(rec.block_ids[rid])}"]
+                   + (f", {hit} tokens from the prefix cache" if kind != "running" else "")]
+    others = [r for r in rec.req_ids if r != rid and r in rec.block_ids]
+    alloc_lines.append("after: " + " | ".join(f"{r} holds {_ids(rec.block_ids[r], 6)}"
+                                             for r in [*others, rid]))
+    held = sum(len(rec.block_ids[r]) - len(rec.new_block_ids.get(r, [])) for r in others)
+    why = ""
+    if others and trace.num_blocks is not None and rec.free_before == trace.num_blocks - 1 - held:
+        why = (f" ({trace.num_blocks} less the null block and {', '.join(others)}'s "
+               f"{held} = {rec.free_before})")
+    alloc_lines.append(f"free blocks {rec.free_before} -> {rec.free_after}" + why)
     so_lines = ["num_scheduled_tokens " + fit(str(rec.num_scheduled_tokens), 56),
                 "new_block_ids " + fit("{" + ", ".join(f"'{r}': {_ids(b, 5)}" for r, b in
                                                        rec.new_block_ids.items() if b) + "}", 62)]
     row = rec.rows[rid]
     rows_lines = [", ".join(f"{r} -> row {rec.rows[r]}" for r in rec.req_ids)
-                  + (f"  ({rid} took its row now)" if kind != "running" else "")]
+                  + (f"  ({rid} took the last free row now)" if kind != "running" else "")]
     gather_lines = [f"idx_mapping {rec.idx_mapping}: entry {i} <- row {row}",
                     f"entry {i}: {_ids(rec.gathered[i])}"]
     slots = rec.slots_of(rid)
     bs = trace.block_size
     first_block = rec.gathered[i][start // bs] if bs else None
-    slot_lines = [f"{rid}: {_run(slots)}"
+    slot_lines = [f"{rid}: {_run(slots, bs)}"
                   + (f"  (block {first_block} x {bs} + {start % bs} = {slots[0]})" if bs else "")]
     kv_lines = [f"{n} token{'s' * (n != 1)} of {rid}: K and V of every layer into "
-                f"slot{'s' * (n != 1)} {_run(slots)}"]
+                f"slot{'s' * (n != 1)} {_run(slots, bs)}"]
     attn_lines = [(f"{rid}'s {n} queries read up to {start + n} keys (causal)" if n > 1 else
                    f"{rid}'s query reads {start + n} keys") + f" in blocks {_ids(rec.gathered[i], 6)}"]
     token = rec.sampled.get(rid)
@@ -420,7 +429,7 @@ def render_engine_step(trace: StepTrace, request_id: str, step: int | None = Non
     frames = [
         ("API server process", None, [("api", "tokenize, add_request", prompt_lines)]),
         ("EngineCore process", "EngineCoreRequest ->", [
-            ("startup", "once, at start-up: the KV pool", [
+            ("startup", "once, at start-up (not every step): the KV pool", [
                 f"{trace.num_blocks} blocks of {trace.block_size} tokens (block 0 is the null block)"]),
             ("schedule", f"Scheduler.schedule(): step {rec.step}", sched_lines),
             ("allocate", "allocate_slots -> coordinator -> BlockPool", alloc_lines),
@@ -445,7 +454,9 @@ def render_engine_step(trace: StepTrace, request_id: str, step: int | None = Non
 
     def box(stage, heading, lines, x0, x1, y):
         h = 22 + _LINE * len(lines) + 4
-        svg.rect(x0, y, x1 - x0, h, fill="#f8f9fa", stroke="#adb5bd")
+        once = stage == "startup"  # not a stage of every step: dashed
+        svg.rect(x0, y, x1 - x0, h, fill="#ffffff" if once else "#f8f9fa",
+                 stroke="#868e96" if once else "#adb5bd", dash=once)
         svg.rect(x0, y, 5, h, fill=color, stroke="none", rx=2)
         number[0] += 1
         svg.text(x0 + 12, y + 16, f"{number[0]}. {heading}", 12, "bold")
@@ -501,8 +512,11 @@ def render_async_overlap(trace: StepTrace, step: int, title: str | None = None,
     order. Two lanes: the engine core (``schedule``, ``update_from_output``)
     and the GPU, where each step's forward runs from its launch
     (``execute_model``) until its output is applied. A ``schedule`` drawn
-    inside the previous step's forward is the overlap async scheduling buys;
-    it is outlined, with the forward it overlaps.
+    inside the previous step's forward is the overlap async scheduling buys
+    in vLLM; it is outlined thick. A legend says what the colours and
+    outlines mean, and a caption under it that the picture is drawn as vLLM
+    overlaps the stages, while the book's engine runs them one after the
+    other in the same order.
     """
     if not isinstance(trace, StepTrace):
         raise TypeError(f"trace must be a StepTrace, got {type(trace).__name__}")
@@ -549,7 +563,33 @@ def render_async_overlap(trace: StepTrace, step: int, title: str | None = None,
     svg.text(_W - _PAD, axis + 15, "the engine's order ->", 11, anchor="end", color="#495057")
     if overlapped:
         n = min(overlapped)
-        svg.text(x0, axis + 15, f"schedule {n + 1} runs inside forward {n}", 11, "bold", color="#212529")
-    height = axis + 24
+        svg.text(x0, axis + 15, f"in vLLM, schedule {n + 1} overlaps forward {n}", 11, "bold",
+                 color="#212529")
+    # The legend: one colour per step, the thick outline, the dashed forward.
+    y = axis + 34
+    x = _PAD
+    for n in sorted({n for _, n in events}):
+        svg.rect(x, y - 10, 14, 12, fill=owner_color(f"s{n}"), stroke="#495057", rx=2)
+        svg.text(x + 19, y, f"step {n}", 11)
+        x += 19 + 7 * len(f"step {n}") + 14
+    svg.text(x, y, "one colour per step", 11, color="#495057")
+    legend = []
+    if overlapped:
+        legend.append(("thick", "thick outline: a schedule that falls inside the previous forward"))
+    if any(a == 0 and events[0] != ("execute", n) for n, (a, _) in spans.items()):
+        legend.append(("dash", "dashed: a forward launched before this window begins"))
+    for kind, words in legend:
+        y += 18
+        svg.rect(_PAD, y - 10, 14, 12, fill="#ffffff", stroke="#212529" if kind == "thick" else "#495057",
+                 dash=kind == "dash", rx=2, width=2.5 if kind == "thick" else 1)
+        svg.text(_PAD + 19, y, words, 11)
+    caption = ("Drawn as vLLM runs it: the GPU computes forward N while the CPU schedules N+1, so the "
+               "two overlap in time. The book's engine runs the same stages one after the other, in "
+               "this same order: the picture shows the order the trace recorded, not measured times.")
+    y += 8
+    for line in textwrap.wrap(caption, 94):
+        y += 15
+        svg.text(_PAD, y, line, 11, color="#343a40")
+    height = y + 10
     label = title or f"async scheduling: steps {step} and {step + 1} in the engine's order"
     return f"<div class='pagedkv-step' style='font-size:0;line-height:0'>{_svg_frame(svg.parts, height, label)}</div>"
