@@ -660,7 +660,14 @@ def test_a_merely_wrong_kernel_is_not_said_to_read_what_the_wrapper_computed():
         assert not any("reads what the wrapper computed" in d for d in failed.values())
 
 
-def test_a_kv_row_stride_from_num_heads_is_named_not_a_read_past_seq_len():
+@pytest.mark.parametrize("nearest", [None, "seq_lens"])
+def test_a_kv_row_stride_from_num_heads_is_named_not_a_read_past_seq_len(nearest, monkeypatch):
+    # The stray lanes run past the cache's end; which tensor lies nearest them is the
+    # allocator's choice (seq_lens, on one CI machine): the diagnosis must not depend on it.
+    if nearest is not None:
+        from pagedkv.checks import interpreter_probes
+        monkeypatch.setattr(interpreter_probes.Bounds, "_nearest",
+                            lambda self, address: (nearest, f"somewhere near {nearest}"))
     fn = variant(6, ("(slot * num_kv_heads + kv_head)", "(slot * num_heads + kv_head)"))
     failed = failures(checks.check_kernel_puzzle(6, fn))
     first = failed["equals the reference for groups of 3, 4 and 1"]

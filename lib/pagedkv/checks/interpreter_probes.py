@@ -104,6 +104,13 @@ class Bounds:
     violation: str | None = None
     tensor: str | None = None  # the named tensor nearest the first stray lane
     flat: np.ndarray | None = None  # the stray lanes as flat element indices of that tensor
+    bad: np.ndarray | None = None  # the stray lanes' addresses
+
+    def flat_of(self, name: str) -> np.ndarray:
+        """The stray lanes as flat element indices of the named tensor, whichever lies nearest:
+        a lane meant for a cache but run past its end may land nearer another tensor."""
+        t = self.named[name]
+        return np.sort((self.bad - t.data_ptr()) // t.element_size())
 
     def add(self, tensors) -> None:
         for t in tensors:
@@ -136,6 +143,7 @@ class Bounds:
         if ok.all():
             return
         bad = addresses[~ok]
+        self.bad = bad
         self.tensor, where = self._nearest(int(bad[0]))
         if self.tensor is not None:
             t = self.named[self.tensor]

@@ -287,6 +287,18 @@ def stride_read(case, name, idx) -> bool:
     return bool(idx.size) and set(idx.tolist()) <= reads
 
 
+def stray_stride_mistake(case, bounds):
+    """KV_STRIDE when the lanes stopped out of bounds are a cache's rows read with too wide a
+    stride: they run past the cache's end and lie nearest whatever tensor the allocator put
+    there, so they are judged by the caches' own indices, not by what lies closest."""
+    if bounds.bad is None:
+        return None
+    for name in ("key_cache", "value_cache"):
+        if name in bounds.named and stride_read(case, name, bounds.flat_of(name)):
+            return KV_STRIDE
+    return None
+
+
 # ------------------------------------------------- mistakes every puzzle can make
 
 UNMASKED_MISTAKE = Mistake("an unmasked load or store", "a tile's lanes past the data are "

@@ -11,11 +11,9 @@ runs the learner's wrapper on a case with:
   range), so a near miss lands on the guard, not on someone else's memory;
 * ``traced_accesses``: in the interpreter, every live lane of every load and
   store, with the program that made it;
-* ``guarded_allocations``: a store past the end of an allocated output is
-  seen compiled as well as interpreted;
-* ``count_triton_launches``, and once per check a rerun with every launch
-  skipped (``skipped_triton_launches``): an answer still right then was
-  computed by PyTorch, not by the kernel.
+* ``guarded_allocations``: a store past an allocated output, compiled or not;
+* ``count_triton_launches``, and a rerun with every launch skipped
+  (``skipped_triton_launches``): an answer still right was PyTorch's.
 
 A wrong answer is named in this order: a store past an allocated buffer, a
 load past one (traced), the mistake whose model gives the same answer, a
@@ -25,9 +23,8 @@ the data tensors, counted once per load or store instruction (the lanes of
 one instruction that read one address are one read; a second instruction
 that reads it again is a second read), against the puzzle's minimum: the
 bytes the answer depends on, read once, and the output, written once. Index
-tensors (block tables, lengths, ``query_start_loc``) are not counted: a few
-bytes that every program rereads. Compiled kernels cannot be traced, so on
-a GPU the picture and the score are not available.
+tensors (block tables, lengths) are not counted. Compiled kernels cannot be
+traced: on a GPU there is no picture and no score.
 """
 
 from __future__ import annotations
@@ -42,7 +39,8 @@ import torch
 from .._device import default_device
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer
 from .interpreter_probes import OutOfBounds, bounded_accesses, dot_minimum, dot_shapes, index_products
-from .puzzle_cases import INT32_INDEX_MISTAKE, READS_A_COPY, SMALL_DOT_MISTAKE, UNMASKED_MISTAKE
+from .puzzle_cases import (INT32_INDEX_MISTAKE, READS_A_COPY, SMALL_DOT_MISTAKE, UNMASKED_MISTAKE,
+                           stray_stride_mistake)
 from .kernel_probes import (count_triton_launches, guarded_allocations, guarded_copy,
                             inputs_changed_at_launch, interpreted, skipped_triton_launches,
                             traced_accesses)
@@ -193,6 +191,8 @@ def _bounded_call(fn, given: dict, args: dict, case: Case, puzzle: Puzzle):
             mistake = None
             if puzzle.read_mistake is not None and bounds.tensor is not None:
                 mistake = puzzle.read_mistake(case, bounds.tensor, bounds.flat)
+            if mistake is None and puzzle.read_mistake is not None:
+                mistake = stray_stride_mistake(case, bounds)
             raise WrongAnswer(f"{case.label}: {bounds.violation}",
                               (mistake or UNMASKED_MISTAKE).diagnosis()) from exc
 
