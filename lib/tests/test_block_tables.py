@@ -18,7 +18,6 @@ And bad input: every refusal names the row or the value and changes nothing.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sys
 import types
@@ -36,6 +35,7 @@ from pagedkv.common import InvariantError
 from pagedkv.kernels.gather_block_tables import gather_block_tables, gather_block_tables_ref
 from pagedkv.request_state import RequestState
 from pagedkv.staged_write import StagedWriteTensor
+from vllm_wheel import vllm_wheel  # noqa: E402
 
 DEV = default_device()
 
@@ -367,20 +367,6 @@ def test_no_row_moves_when_a_request_leaves(tables):
 
 # ------------------------------------------------------------ against vLLM 0.33.0's own code
 
-def _vllm_wheel():
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tools import citations
-
-    path = citations.find_wheel(citations.VLLM)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the vLLM 0.33.0 wheel could not be fetched; the differential test would pass unseen")
-        pytest.skip("the vLLM 0.33.0 wheel is not cached and cannot be downloaded")
-    return path
-
-
 def load_vllm_worker_modules(wheel, monkeypatch) -> dict[str, types.ModuleType]:
     """vLLM 0.33.0's ``v1/worker/gpu/{buffer_utils,states,block_table}.py``, executed from the wheel.
 
@@ -454,7 +440,7 @@ class VllmWorker:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_vllm_0_33_0_gives_the_same_rows_tables_and_slots(seed, monkeypatch):
-    modules = load_vllm_worker_modules(_vllm_wheel(), monkeypatch)
+    modules = load_vllm_worker_modules(vllm_wheel(), monkeypatch)
     groups = [([16], [8]), ([4, 16], [12, 3])][seed % 2]  # two groups take vLLM's fused writer
     bt = BlockTables(RequestState(5), *groups, device=DEV)
     random_run(100 + seed, bt, VllmWorker(modules, bt), steps=8)

@@ -24,7 +24,8 @@ import torch
 from pagedkv.engine import EngineArgs, LLMEngine
 from pagedkv.engine.worker import sort_batch_req_ids
 from pagedkv.model import Model, ModelConfig
-from test_block_tables import DEV, _vllm_wheel, load_vllm_worker_modules  # noqa: E402
+from test_block_tables import DEV, load_vllm_worker_modules  # noqa: E402
+from vllm_wheel import vllm_wheel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ class VllmRunnerRows:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_workers_rows_batch_and_table_are_vllm_0_33_0s(seed, model, monkeypatch):
-    wheel = _vllm_wheel()
+    wheel = vllm_wheel()
     vllm_sort = vllm_sort_batch_req_ids(wheel)
     modules = load_vllm_worker_modules(wheel, monkeypatch)
     rng = random.Random(seed)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import os
 import random
 import sys
 import types
@@ -33,6 +32,7 @@ from pagedkv.kv_cache_spec import (FullAttentionSpec, KVCacheGroupSpec, MambaSpe
                                    get_kv_cache_groups, layer_specs_from_types, unify_kv_cache_spec_page_size)
 from pagedkv.request import Request
 from pagedkv.single_type_managers import make_block_hash_with_group_id
+from vllm_wheel import vllm_wheel
 
 # ------------------------------------------------------------------ vLLM 0.33.0, from the wheel
 
@@ -40,20 +40,6 @@ VLLM_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_
                 "vllm.v1.kv_cache_interface", "vllm.v1.core.kv_cache_utils", "vllm.v1.core.block_pool",
                 "vllm.v1.hisparse.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
                 "vllm.v1.core.kv_cache_coordinator")
-
-
-def _vllm_wheel():
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tools import citations
-
-    path = citations.find_wheel(citations.VLLM)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the vLLM 0.33.0 wheel could not be fetched; the differential test would pass unseen")
-        pytest.skip("the vLLM 0.33.0 wheel is not cached and cannot be downloaded")
-    return path
 
 
 @pytest.fixture
@@ -65,7 +51,7 @@ def vllm(monkeypatch) -> types.SimpleNamespace:
     and attribute reads), the platform hook of the spec registry. The modules
     leave ``sys.modules`` when the test ends.
     """
-    wheel = _vllm_wheel()
+    wheel = vllm_wheel()
     for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, k)
 

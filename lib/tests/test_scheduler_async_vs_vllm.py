@@ -40,7 +40,6 @@ import hashlib
 import importlib.abc
 import importlib.util
 import logging
-import os
 import pickle
 import random
 import sys
@@ -55,6 +54,7 @@ from pagedkv.engine.request import EngineRequest, RequestStatus
 from pagedkv.engine.sampling import SamplingParams
 from pagedkv.engine.scheduler import ModelRunnerOutput, Scheduler
 from pagedkv.kv_cache_manager import KVCacheManager
+from vllm_wheel import vllm_wheel  # noqa: E402
 
 # ------------------------------------------------------------------ vLLM 0.33.0, from the wheel
 
@@ -67,20 +67,6 @@ VLLM_MODULES = frozenset((
     "vllm.v1.core.sched.interface", "vllm.v1.core.sched.output", "vllm.v1.core.sched.request_queue",
     "vllm.v1.core.sched.utils", "vllm.v1.core.sched.scheduler", "vllm.v1.core.sched.async_scheduler",
 ))
-
-
-def _vllm_wheel():
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tools import citations
-
-    path = citations.find_wheel(citations.VLLM)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the vLLM 0.33.0 wheel could not be fetched; the differential test would pass unseen")
-        pytest.skip("the vLLM 0.33.0 wheel is not cached and cannot be downloaded")
-    return path
 
 
 class _AnyMeta(type):
@@ -217,7 +203,7 @@ def _stub_getattr(name):
 @pytest.fixture(scope="module")
 def vllm():
     """vLLM 0.33.0's schedulers and what they run on, executed from the wheel; gone again after the module."""
-    wheel = _vllm_wheel()
+    wheel = vllm_wheel()
     saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
     for k in saved:
         del sys.modules[k]
