@@ -244,11 +244,12 @@ class Config(types.SimpleNamespace):
 
 def make_vllm_scheduler(vllm, is_async: bool, num_blocks: int, block_size: int, max_num_seqs: int,
                         max_num_batched_tokens: int, max_model_len: int, watermark: float = 0.0,
-                        enable_chunked_prefill: bool = True):
+                        enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
+                        long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs"):
     """vLLM's scheduler as ``EngineArgs`` would configure it for one GPU, text only, no connector."""
     sc = Config(max_num_seqs=max_num_seqs, max_num_active_seqs=None, max_num_batched_tokens=max_num_batched_tokens,
-                max_num_scheduled_tokens=None, long_prefill_token_threshold=0,
-                long_prefill_token_threshold_adaptive=False, policy="fcfs",
+                max_num_scheduled_tokens=None, long_prefill_token_threshold=long_prefill_token_threshold,
+                long_prefill_token_threshold_adaptive=long_prefill_token_threshold_adaptive, policy=policy,
                 enable_chunked_prefill=enable_chunked_prefill, scheduler_reserve_full_isl=True, watermark=watermark, prefill_schedule_interval=1,
                 async_scheduling=is_async)
     cc = Config(num_gpu_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
@@ -292,16 +293,20 @@ class Ours:
     """The engine's scheduler (async or sync) over our ``KVCacheManager``."""
 
     def __init__(self, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                 watermark, enable_chunked_prefill):
+                 watermark, enable_chunked_prefill, **knobs):
         self.manager = KVCacheManager(num_blocks, block_size, enable_caching=True, watermark=watermark)
         cls = AsyncScheduler if is_async else Scheduler
-        self.s = cls(self.manager, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill)
+        self.s = cls(self.manager, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill,
+                     **knobs)
         self.is_async = is_async
+        self.arrival = 0
 
-    def add(self, rid, prompt, max_tokens, stop_token_ids, eos):
+    def add(self, rid, prompt, max_tokens, stop_token_ids, eos, priority=0):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                             ignore_eos=not eos)
-        self.s.add_request(EngineRequest(rid, prompt, sampling_params=sp, eos_token_ids=[EOS] if eos else []))
+        self.arrival += 1
+        self.s.add_request(EngineRequest(rid, prompt, sampling_params=sp, eos_token_ids=[EOS] if eos else [],
+                                         arrival=self.arrival, priority=priority))
 
     def abort(self, rid):
         self.s.abort_request(rid)
@@ -350,20 +355,20 @@ class Theirs:
     """vLLM 0.33.0's scheduler (async or sync), executed from the wheel."""
 
     def __init__(self, vllm, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                 watermark, enable_chunked_prefill):
+                 watermark, enable_chunked_prefill, **knobs):
         self.vllm = vllm
         self.s = make_vllm_scheduler(vllm, is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-                                     max_model_len, watermark, enable_chunked_prefill)
+                                     max_model_len, watermark, enable_chunked_prefill, **knobs)
         self.hasher = vllm.block_hasher(block_size, vllm.hash_fn)
         self.arrival = 0
 
-    def add(self, rid, prompt, max_tokens, stop_token_ids, eos):
+    def add(self, rid, prompt, max_tokens, stop_token_ids, eos, priority=0):
         sp = Config(max_tokens=max_tokens, extra_args=None, skip_reading_prefix_cache=None,
                     eos_token_id=EOS if eos else None, stop_token_ids=list(stop_token_ids), min_tokens=0,
                     repetition_detection=None, num_logprobs=None)
         self.arrival += 1
         self.s.add_request(self.vllm.Request(rid, list(prompt), sp, None, arrival_time=float(self.arrival),
-                                             block_hasher=self.hasher))
+                                             priority=priority, block_hasher=self.hasher))
 
     def abort(self, rid):
         self.s.finish_requests(rid, self.vllm.RequestStatus.FINISHED_ABORTED)
@@ -424,8 +429,14 @@ class Theirs:
 # ------------------------------------------------------------------ the workload and the lockstep
 
 
-def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> dict:
-    """Drive both schedulers through one random workload; assert equality after every call; the counts."""
+def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120, knobs: tuple = ()) -> dict:
+    """Drive both schedulers through one random workload; assert equality after every call; the counts.
+
+    ``knobs`` names the latency knobs this workload turns on, each with a
+    random value: ``"threshold"`` (``long_prefill_token_threshold``),
+    ``"adaptive"`` (its adaptive floor) and ``"priority"`` (the policy, and a
+    random priority per request).
+    """
     rng = random.Random(seed)
     block_size = rng.choice([2, 4, 8])
     num_blocks = rng.randint(10, 24)
@@ -438,10 +449,17 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
         max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
     args = (is_async, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, watermark,
             enable_chunked_prefill)
-    ours, theirs = Ours(*args), Theirs(vllm, *args)
+    kw = {}
+    if "threshold" in knobs:
+        kw["long_prefill_token_threshold"] = rng.choice([1, 2, 3, 5, 8, 12])
+        kw["long_prefill_token_threshold_adaptive"] = "adaptive" in knobs
+    if "priority" in knobs:
+        kw["policy"] = "priority"
+    ours, theirs = Ours(*args, **kw), Theirs(vllm, *args, **kw)
     prefixes = [[rng.randrange(1, V) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
     counts = dict.fromkeys(("steps", "requests", "aborts", "aborted_with_a_step_in_flight", "preemptions",
-                            "prefix_hits", "stale", "stopped", "length_capped", "stopped_with_a_step_in_flight"), 0)
+                            "prefix_hits", "stale", "stopped", "length_capped", "stopped_with_a_step_in_flight",
+                            "capped", "overtaken", "victim_not_last"), 0)
     pending = None  # async: the step in flight (its decisions and each side's output)
     next_id = 0
 
@@ -471,13 +489,15 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
                 max_tokens = rng.randint(1, 12)
                 stop = [rng.randrange(1, V)] if rng.random() < 0.4 else []
                 eos = rng.random() < 0.3
-                ours.add(rid, prompt, max_tokens, stop, eos)
-                theirs.add(rid, prompt, max_tokens, stop, eos)
+                priority = rng.choice([0, 1, 2]) if "priority" in knobs else 0
+                ours.add(rid, prompt, max_tokens, stop, eos, priority)
+                theirs.add(rid, prompt, max_tokens, stop, eos, priority)
                 counts["requests"] += 1
         maybe_abort("before schedule()", (pending,))
         assert ours.has_requests() == theirs.has_requests(), f"seed {seed}, iteration {it}: has_requests"
         current = None
         if ours.has_requests():
+            running_before = [r.request_id for r in ours.s.running]
             out_o, dec_o = ours.schedule()
             out_t, dec_t = theirs.schedule()
             assert dec_o == dec_t, (f"seed {seed}, iteration {it}: schedule() differs\n"
@@ -486,6 +506,15 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
             counts["steps"] += 1
             counts["preemptions"] += len(dec_o["preempted"])
             counts["prefix_hits"] += sum(1 for r in dec_o["new"] if dec_o["computed_at_schedule"][r] > 0)
+            # The knobs' effects, seen in the decisions: a request held to the cap while budget was left,
+            # an admission ahead of an earlier arrival still waiting, a victim that was not the last running.
+            cap, left = ours.s.prefill_cap, max_num_batched_tokens - out_o.total_num_scheduled_tokens
+            counts["capped"] += sum(1 for rid, n in dec_o["scheduled"] if cap and n == cap and left > 0
+                                    and out_o.num_computed_tokens[rid] + n < ours.s.requests[rid].num_tokens)
+            admitted = [ours.s.requests[r] for r in dec_o["new"]]
+            counts["overtaken"] += sum(1 for a in admitted for w in ours.s.waiting if w.arrival < a.arrival)
+            counts["victim_not_last"] += sum(1 for r in out_o.preempted_req_ids
+                                             if running_before and r != running_before[-1])
             tokens = {rid: sampled_token(seed, rid, pos) for rid, pos in dec_o["sampling"].items()}
             current = (out_o, out_t, tokens)
         # vLLM's engine core takes aborts after scheduling N+1, before applying N (_process_aborts_queue).
@@ -515,6 +544,7 @@ def run_lockstep(vllm, seed: int, is_async: bool, num_iterations: int = 120) -> 
 
 
 SEEDS = range(30)
+KNOB_SEEDS = range(100, 115)
 
 
 @pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
@@ -529,3 +559,20 @@ def test_the_schedulers_match_vllm_0_33_0_step_for_step(vllm, is_async):
     if is_async:
         assert totals["stale"] >= 10 and totals["stopped_with_a_step_in_flight"] >= 10, totals
     print(f"{'async' if is_async else 'sync'}: {totals}")
+
+
+@pytest.mark.parametrize("knobs", [("threshold",), ("threshold", "adaptive"), ("priority",),
+                                   ("priority", "threshold")], ids="+".join)
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+def test_the_latency_knobs_match_vllm_0_33_0_step_for_step(vllm, is_async, knobs):
+    """long_prefill_token_threshold (and its adaptive floor) and --scheduling-policy priority, as vLLM runs them."""
+    totals = {}
+    for seed in KNOB_SEEDS:
+        for key, n in run_lockstep(vllm, seed, is_async, knobs=knobs).items():
+            totals[key] = totals.get(key, 0) + n
+    assert totals["preemptions"] >= 10 and totals["prefix_hits"] >= 10, totals
+    if "threshold" in knobs:  # the cap held a request back while budget was left
+        assert totals["capped"] >= 10, totals
+    if "priority" in knobs:  # admissions out of arrival order, and victims other than the last admitted
+        assert totals["overtaken"] >= 10 and totals["victim_not_last"] >= 5, totals
+    print(f"{'async' if is_async else 'sync'} {'+'.join(knobs)}: {totals}")

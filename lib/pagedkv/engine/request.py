@@ -67,12 +67,15 @@ class EngineRequest(Request):
     ``sampling_params`` defaults to greedy with ``max_tokens``/``ignore_eos``;
     ``seed`` is the one its draws use (the params' seed, or one the engine
     drew). ``detokenize`` (ids -> text) is needed only for ``stop`` strings.
+    ``priority`` matters only under ``scheduling_policy="priority"``.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16,
                  *, ignore_eos: bool = False, eos_token_ids: Collection[int] = (), arrival: int = 0,
                  hash_block_size: int | None = None, sampling_params: SamplingParams | None = None,
-                 seed: int = 0, detokenize: Callable[[list[int]], str] | None = None):
+                 seed: int = 0, detokenize: Callable[[list[int]], str] | None = None, priority: int = 0):
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
         if sampling_params is None:
             sampling_params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
         elif not isinstance(sampling_params, SamplingParams):
@@ -101,6 +104,8 @@ class EngineRequest(Request):
         self.seed = sampling_params.seed if sampling_params.seed is not None else seed
         self.detokenize = detokenize
         self.arrival = arrival
+        # --scheduling-policy priority: a smaller value is served first, and preempted last (vLLM's).
+        self.priority = priority
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
         # Async scheduling's bookkeeping (vLLM's names): tokens of scheduled steps whose output has

@@ -33,21 +33,29 @@ once, before the step runs (``_update_after_schedule``, as vLLM does), so the
 next ``schedule()`` could be called before this step's tokens arrive. The
 decisions of a step come back as a ``SchedulerOutput``, which the worker
 executes and a chapter can print; ``update_from_output`` applies its tokens.
+
+Two of vLLM's latency knobs change the steps above. ``long_prefill_token_threshold``
+caps the tokens any one request computes in a step (a long prompt then takes
+several steps and leaves budget to the others). ``policy="priority"`` orders
+the waiting queue by ``(priority, arrival)`` instead of arrival alone, and
+step 1 preempts the running request of the largest ``(priority, arrival)``
+instead of the last admitted; a request that preempted itself no longer stops
+the loop, since the requests after it rank higher.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..common import cdiv, check_bool, require
+from ..common import cdiv, check_bool, check_int, require
 from ..free_queue import KVCacheBlock
 from ..kv_cache_manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
+from .request_queue import SCHEDULING_POLICIES, PriorityWaitingQueue, WaitingQueue
 
 __all__ = ["SchedulerOutput", "ModelRunnerOutput", "Scheduler", "WaitingQueue", "preempt_last_running",
-           "AllocateWithPreemption"]
+           "preempt_lowest_priority", "AllocateWithPreemption"]
 
 #: ``(scheduler, request, num_new_tokens) -> new blocks, or None``: see ``preempt_last_running``.
 AllocateWithPreemption = Callable[["Scheduler", EngineRequest, int], "list[KVCacheBlock] | None"]
@@ -76,30 +84,19 @@ def preempt_last_running(scheduler: "Scheduler", request: EngineRequest,
             return None
 
 
-class WaitingQueue(deque):
-    """The waiting queue, first come first served: vLLM's ``FCFSRequestQueue``, a ``deque``.
-
-    The deque's own methods do the scheduling: ``append`` queues a new
-    request, ``appendleft`` puts a preempted one back at the front,
-    ``self[0]`` is the next to admit and ``popleft`` admits it. What a deque
-    lacks is added by request id: ``remove(request_id)`` takes a request out
-    wherever it is (abort; a scan, as vLLM's ``remove_request``), and
-    ``request_id in queue`` asks whether one waits.
-    """
-
-    def remove(self, request_id: str) -> EngineRequest:
-        """Take out the request with this id (``KeyError`` if none waits) and return it."""
-        for request in self:
-            if request.request_id == request_id:
-                super().remove(request)
-                return request
-        raise KeyError(f"request {request_id!r} is not waiting")
-
-    def __contains__(self, request_id: object) -> bool:
-        return any(r.request_id == request_id for r in self)
-
-    def __repr__(self) -> str:
-        return f"WaitingQueue({[r.request_id for r in self]})"
+def preempt_lowest_priority(scheduler: "Scheduler", request: EngineRequest,
+                            num_new_tokens: int) -> list[KVCacheBlock] | None:
+    """``--scheduling-policy priority``'s loop: the victim is the running request of the largest
+    ``(priority, arrival)``, wherever it sits in ``running``, even one already given tokens this
+    step (``preempt`` gives its tokens back to the budget). Same contract as ``preempt_last_running``."""
+    while True:
+        new_blocks = scheduler.kv_cache_manager.allocate_slots(request, num_new_tokens)
+        if new_blocks is not None:
+            return new_blocks
+        victim = max(scheduler.running, key=lambda r: (r.priority, r.arrival))
+        scheduler.preempt(victim)
+        if victim is request:
+            return None
 
 
 @dataclass
@@ -216,6 +213,16 @@ class Scheduler:
             waiting request only if its whole prompt (its full input
             sequence length) fits the free blocks, not just this step's
             chunk; False checks only the chunk (see ``whole_prompt_fits``).
+        long_prefill_token_threshold: vLLM's name and default (0: off). A
+            request computes at most this many tokens a step, so a long
+            prompt leaves budget to the requests behind it; not applied
+            when only one request is running or waiting (nobody to starve).
+        long_prefill_token_threshold_adaptive: vLLM's (False): raise the cap
+            to ``max_num_batched_tokens // (running + waiting)`` when larger.
+        policy: ``"fcfs"`` (vLLM's default) or ``"priority"``: the waiting
+            queue is ordered by ``(priority, arrival)`` (smaller first), and
+            the running request of the largest is the one preempted
+            (``preempt_lowest_priority``).
 
     ``running`` is a list in admission order (a resumed request rejoins at the
     end); ``waiting`` a ``WaitingQueue``; ``requests`` every unfinished request
@@ -225,16 +232,28 @@ class Scheduler:
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, enable_chunked_prefill: bool = True,
                  allocate_with_preemption: AllocateWithPreemption | None = None,
-                 scheduler_reserve_full_isl: bool = True) -> None:
+                 scheduler_reserve_full_isl: bool = True, long_prefill_token_threshold: int = 0,
+                 long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs") -> None:
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy must be one of {SCHEDULING_POLICIES}, got {policy!r}")
+        check_int(long_prefill_token_threshold, "long_prefill_token_threshold", 0)
+        if long_prefill_token_threshold > max_model_len:  # vLLM's SchedulerConfig refuses it too
+            raise ValueError(f"long_prefill_token_threshold ({long_prefill_token_threshold}) cannot be "
+                             f"greater than max_model_len ({max_model_len})")
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.scheduler_reserve_full_isl = check_bool(scheduler_reserve_full_isl, "scheduler_reserve_full_isl")
-        self.allocate_with_preemption: AllocateWithPreemption = allocate_with_preemption or preempt_last_running
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.long_prefill_token_threshold_adaptive = check_bool(
+            long_prefill_token_threshold_adaptive, "long_prefill_token_threshold_adaptive")
+        self.policy = policy
+        default = preempt_lowest_priority if policy == "priority" else preempt_last_running
+        self.allocate_with_preemption: AllocateWithPreemption = allocate_with_preemption or default
         self.running: list[EngineRequest] = []
-        self.waiting = WaitingQueue()
+        self.waiting = PriorityWaitingQueue() if policy == "priority" else WaitingQueue()
         self.requests: dict[str, EngineRequest] = {}
         self.step_count = 0
         self.num_preemptions = 0  # total, since the scheduler was built
@@ -244,6 +263,7 @@ class Scheduler:
         self._finished_since_last_step: list[str] = []
         self._out: SchedulerOutput | None = None  # the step being decided
         self._token_budget = 0
+        self.prefill_cap = 0  # the long_prefill_token_threshold of the step being decided (0: no cap)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineRequest) -> None:
@@ -351,6 +371,12 @@ class Scheduler:
                                           finished_req_ids=self._finished_since_last_step)
         self._finished_since_last_step = []
         self._token_budget = self.max_num_batched_tokens
+        # vLLM: the cap protects the others from a long prefill; alone, a request takes the budget.
+        eligible = len(self.running) + len(self.waiting)
+        cap = self.long_prefill_token_threshold if eligible > 1 else 0
+        if cap and self.long_prefill_token_threshold_adaptive:
+            cap = max(cap, self.max_num_batched_tokens // eligible)
+        self.prefill_cap = cap
         try:
             self._schedule_running(out)
             if not out.preempted_req_ids:  # vLLM V1: no admissions in a step that preempted
@@ -380,15 +406,23 @@ class Scheduler:
             if placeholders and last_in_flight:
                 req_index += 1
                 continue
-            num_new_tokens = min(request.num_tokens + placeholders - request.num_computed_tokens,
-                                 self._token_budget,
+            num_new_tokens = request.num_tokens + placeholders - request.num_computed_tokens
+            if 0 < self.prefill_cap < num_new_tokens:
+                num_new_tokens = self.prefill_cap
+            num_new_tokens = min(num_new_tokens, self._token_budget,
                                  self.max_model_len - request.num_computed_tokens - 1)
             if num_new_tokens <= 0:  # nothing to compute (only under async scheduling)
                 req_index += 1
                 continue
             num_preempted = len(out.preempted_req_ids)
+            ahead = self.running[:req_index]
             new_blocks = self.allocate_with_preemption(self, request, num_new_tokens)
             if new_blocks is None:
+                if self.policy == "priority" and request.status == RequestStatus.PREEMPTED:
+                    # It was the lowest priority and preempted itself; those after it rank higher and
+                    # may fit in what it freed (vLLM's): go on with the next.
+                    req_index = sum(1 for r in ahead if r in self.running)
+                    continue
                 break  # it could not be scheduled, and nobody after it will be
             if len(out.preempted_req_ids) != num_preempted:  # victims may have sat before it
                 req_index = self.running.index(request)
@@ -407,6 +441,8 @@ class Scheduler:
             request = self.waiting[0]
             hit_blocks, num_hit = manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit
+            if 0 < self.prefill_cap < num_new_tokens:
+                num_new_tokens = self.prefill_cap
             if not self.enable_chunked_prefill and num_new_tokens > self._token_budget:
                 break  # the whole prompt must fit this step: it waits
             num_new_tokens = min(num_new_tokens, self._token_budget)
