@@ -100,14 +100,16 @@ def test_only_changed_says_nothing_for_defaults_on_every_gpu_class(gpu_class):
               "max_num_seqs": 64, "max_num_batched_tokens": 4096, "enable_prefix_caching": False,
               "enable_chunked_prefill": False, "scheduler_reserve_full_isl": False, "watermark": 0.01,
               "async_scheduling": False, "num_gpu_blocks_override": 100, "kv_cache_memory_bytes": 2**30, "prefix_match_unit": 16,
-              "seed": 7, "tensor_parallel_size": 2, "kv_cache_dtype": "fp8"}
+              "seed": 7, "tensor_parallel_size": 2, "kv_cache_dtype": "fp8",
+              "long_prefill_token_threshold": 512, "long_prefill_token_threshold_adaptive": True,
+              "scheduling_policy": "priority"}
     assert set(others) == set(VLLM_SERVE_DEFAULTS) | {"max_num_seqs", "max_num_batched_tokens"}
     for name, value in others.items():
         args = EngineArgs(**{"max_num_batched_tokens": 8192, **{name: value}}) \
             if name in ("enable_chunked_prefill",) else EngineArgs(**{name: value})
         cli = args.to_cli("m", only_changed=True, gpu_class=gpu_class).split(" \\\n  ")[1:]
         flags = [part.split(" ")[0] for part in cli]
-        want = table[name] if not isinstance(value, bool) else "--no-" + table[name][2:]
+        want = table[name] if not isinstance(value, bool) or value else "--no-" + table[name][2:]
         assert want in flags, (name, cli)
         extra = [f for f in flags if f != want]
         if name == "enable_chunked_prefill" and tokens != 8192:
@@ -122,3 +124,17 @@ def test_set_by_hand_survives_replace():
     b = a.replace(max_num_seqs=64)
     assert b.set_by_hand == {"seed", "max_num_seqs"} and b == EngineArgs(seed=3, max_num_seqs=64)
     assert EngineArgs(16).set_by_hand == {"block_size"}
+
+
+def test_the_latency_knobs_are_checked_as_vllm_checks_them():
+    with pytest.raises(ValueError, match="scheduling_policy must be one of fcfs, priority, got 'lifo'"):
+        EngineArgs(scheduling_policy="lifo")
+    with pytest.raises(ValueError, match=r"long_prefill_token_threshold \(5000\) cannot be greater than the "
+                                         r"max_model_len \(4096\)"):
+        EngineArgs(max_model_len=4096, long_prefill_token_threshold=5000)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
+        EngineArgs(long_prefill_token_threshold=-1)
+    with pytest.raises(TypeError):
+        EngineArgs(long_prefill_token_threshold_adaptive=1)
+    cli = EngineArgs(long_prefill_token_threshold=512, scheduling_policy="priority").to_cli("m", only_changed=True)
+    assert cli.split(" \\\n  ")[1:] == ["--long-prefill-token-threshold 512", "--scheduling-policy priority"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .._device import on_gpu
 from ..common import check_bool, check_int, check_real
 
-__all__ = ["EngineArgs", "KERNEL_BACKENDS", "KV_CACHE_DTYPES", "CLI_FLAGS", "VLLM_GPU_CLASSES",
+__all__ = ["EngineArgs", "KERNEL_BACKENDS", "KV_CACHE_DTYPES", "SCHEDULING_POLICIES", "CLI_FLAGS", "VLLM_GPU_CLASSES",
            "VLLM_SERVE_DEFAULTS", "vllm_default_limits"]
 
 GiB = 2**30
@@ -48,7 +48,13 @@ CLI_FLAGS: dict[str, str | None] = {
     "log_stats_interval": None,
     "tensor_parallel_size": "--tensor-parallel-size",
     "kv_cache_dtype": "--kv-cache-dtype",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "long_prefill_token_threshold_adaptive": "--long-prefill-token-threshold-adaptive",
+    "scheduling_policy": "--scheduling-policy",
 }
+
+#: ``--scheduling-policy`` values (vLLM 0.33.0's ``SchedulerPolicy``).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 #: ``--kv-cache-dtype`` values this library sizes (vLLM 0.33.0's ``CacheDType``
 #: has more: quantized and MLA formats).
@@ -76,6 +82,9 @@ VLLM_SERVE_DEFAULTS: dict[str, object] = {
     "seed": 0,
     "tensor_parallel_size": 1,
     "kv_cache_dtype": "auto",
+    "long_prefill_token_threshold": 0,
+    "long_prefill_token_threshold_adaptive": False,
+    "scheduling_policy": "fcfs",
 }
 
 _NOTES = {
@@ -184,6 +193,23 @@ class EngineArgs:
             ``"auto"`` is the model's. fp8 halves a block's bytes, so the
             same pool holds twice the blocks (``pagedkv.budget``).
             ``LLMEngine`` stores KV in the model's dtype and refuses another.
+        long_prefill_token_threshold: most tokens one request computes in a
+            step, so that a long prompt's chunks leave budget to the requests
+            behind it (0, vLLM's default: no cap). Not applied while a single
+            request is running or waiting. At most ``max_model_len``.
+        long_prefill_token_threshold_adaptive: raise that cap to a fair share,
+            ``max_num_batched_tokens // (running + waiting)``, when larger
+            (vLLM's default False).
+        scheduling_policy: ``"fcfs"`` (vLLM's default) or ``"priority"``:
+            requests wait in ``(priority, arrival)`` order, a smaller priority
+            first (``LLMEngine.add_request(..., priority=)``), and the
+            running request of the largest is preempted first.
+
+    vLLM 0.33.0 has no ``max_num_partial_prefills`` or
+    ``max_long_partial_prefills``: up to 0.26.0 its ``SchedulerConfig``
+    declared both (the V1 scheduler never read them; a value above 1 only set
+    ``long_prefill_token_threshold`` to 4 % of ``max_model_len`` when it was
+    0), and 0.27.0 removed them, flags included.
     """
 
     block_size: int = 16
@@ -204,6 +230,9 @@ class EngineArgs:
     log_stats_interval: int = 0
     tensor_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         check_int(self.block_size, "EngineArgs.block_size", 1)
@@ -246,6 +275,14 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineArgs.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        check_int(self.long_prefill_token_threshold, "EngineArgs.long_prefill_token_threshold", 0)
+        check_bool(self.long_prefill_token_threshold_adaptive, "EngineArgs.long_prefill_token_threshold_adaptive")
+        if not isinstance(self.scheduling_policy, str):
+            raise TypeError(f"EngineArgs.scheduling_policy must be a str, got "
+                            f"{type(self.scheduling_policy).__name__} {self.scheduling_policy!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"EngineArgs.scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         # vLLM's scheduler-config checks (SchedulerConfig.verify_max_model_len).
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
@@ -260,6 +297,9 @@ class EngineArgs:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
                 f"({max_model_len}) with chunked prefill disabled: longer prompts could never run. "
                 "Increase max_num_batched_tokens, decrease max_model_len, or enable chunked prefill.")
+        if self.long_prefill_token_threshold > max_model_len:
+            raise ValueError(f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot be "
+                             f"greater than the max_model_len ({max_model_len}).")
 
     # ------------------------------------------------------------------ derived
     @property
