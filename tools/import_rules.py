@@ -41,6 +41,7 @@ FORBIDDEN = {
 LAYERS = [
     {"_device", "common"},
     {"specs", "kv_cache_spec"},
+    {"kv_cache_planning"},
     {"budget", "hashing"},
     {"server_log", "free_queue", "pool_events", "request"},
     {"block_pool"},

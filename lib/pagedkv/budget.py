@@ -31,6 +31,15 @@ from .common import cdiv, check_int, check_real
 from .specs import (DTYPE_BYTES, GPUS, MODELS, REFERENCE_MODEL, SIZED_MODEL_TYPES, ConfigModelSpec,  # noqa: F401
                     GiB, GPUSpec, KiB, MiB, ModelSpec, dtype_bytes, gpu_for_device_name, gpu_spec,
                     model_spec, model_spec_from_config, resolve_kv_dtype, unsized_reason)
+# vLLM's startup messages live beside the group planner, which raises them too.
+from .kv_cache_planning import NO_MEMORY_MESSAGE, format_gib, startup_error_message  # noqa: F401
+from .kv_cache_planning import KVCachePlan, plan_kv_cache
+
+
+def _grouped(m: ModelSpec) -> bool:
+    """A model read from a config.json whose layers are not all full attention:
+    its pool is planned by KV-cache groups (``pagedkv.kv_cache_planning``)."""
+    return isinstance(m, ConfigModelSpec) and m.grouped
 
 
 def kv_heads_per_rank(model: str | ModelSpec, tensor_parallel_size: int = 1) -> int:
@@ -55,16 +64,31 @@ def kv_bytes_per_token(model: str | ModelSpec, dtype: str | torch.dtype = "bf16"
 
     ``dtype`` ``"auto"`` is the checkpoint's (``ModelSpec.torch_dtype``), as
     vLLM's ``--kv-cache-dtype auto``.
+
+    For a model with several kinds of layers it is what one token costs when
+    it is written, summed over the layers that keep per-token KV (every
+    attention layer, windowed or not; a linear-attention layer keeps a state
+    instead); an MLA layer keeps one latent, not K and V.
     """
     m = model_spec(model)
     dtype = resolve_kv_dtype(dtype, m)
-    return 2 * m.num_layers * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
+    per_layer = 2 * kv_heads_per_rank(m, tensor_parallel_size) * m.head_dim * dtype_bytes(dtype)
+    if not _grouped(m):
+        return m.num_layers * per_layer
+    kinds = m.layer_kinds
+    if "mla" in kinds:
+        return len(kinds) * m.head_dim * dtype_bytes(dtype)
+    return sum(k != "linear_attention" for k in kinds) * per_layer
 
 
 def weight_bytes(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tensor_parallel_size: int = 1) -> int:
     """Parameter bytes per rank (weights split evenly across tensor-parallel ranks)."""
     m = model_spec(model)
     tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
+    if m.num_params <= 0:
+        raise ValueError(f"the parameter count of {m.name!r} is not known from its config (a mixture "
+                         "of experts, a hybrid or a quantized checkpoint): give the weights as the "
+                         "server logs them, weight_gib=<'Model loading took' GiB x tensor_parallel_size>")
     return m.num_params * dtype_bytes(dtype) // tp
 
 
@@ -96,8 +120,26 @@ def page_bytes_per_layer(model: str | ModelSpec, block_size: int = 16, dtype: st
 
 def block_bytes(model: str | ModelSpec, block_size: int = 16, dtype: str | torch.dtype = "bf16",
                 tensor_parallel_size: int = 1) -> int:
-    """One block across all layers (what one block id really costs)."""
-    return page_bytes_per_layer(model, block_size, dtype, tensor_parallel_size) * model_spec(model).num_layers
+    """One block across all layers (what one block id really costs).
+
+    With several KV-cache groups a block id is one page in each layer of a
+    group, so it costs a page times the layers per group
+    (``KVCachePlan.bytes_per_block``).
+    """
+    m = model_spec(model)
+    if _grouped(m):
+        return _group_plan(m, 0, m.native_context, block_size, dtype, tensor_parallel_size).bytes_per_block
+    return page_bytes_per_layer(m, block_size, dtype, tensor_parallel_size) * m.num_layers
+
+
+def _group_plan(m: ModelSpec, pool_bytes: float, max_model_len: int, block_size: int, dtype,
+                tensor_parallel_size: int = 1, **scheduler) -> KVCachePlan:
+    kv = resolve_kv_dtype(dtype, m)
+    if not isinstance(kv, str):
+        kv = str(kv).removeprefix("torch.")
+    return plan_kv_cache(m, pool_bytes, max_model_len=max_model_len, block_size=block_size,
+                         kv_cache_dtype=kv, tensor_parallel_size=tensor_parallel_size, check=False,
+                         **scheduler)
 
 
 def num_gpu_blocks(pool_bytes: float, model: str | ModelSpec, block_size: int = 16,
@@ -189,6 +231,10 @@ def check_enough_kv_cache_memory(pool_bytes: float, model: str | ModelSpec, max_
     """
     check_real(pool_bytes, "pool_bytes", minimum=0)
     check_int(max_model_len, "max_model_len", 1)
+    m = model_spec(model)
+    if _grouped(m):  # by groups, with the default scheduler budget
+        from .kv_cache_planning import check_enough_memory
+        return check_enough_memory(_group_plan(m, pool_bytes, max_model_len, block_size, dtype))
     per_block = block_bytes(model, block_size, dtype)
     usable_bytes = pool_bytes - per_block  # the null block never holds a token
     if usable_bytes <= 0:
@@ -207,17 +253,6 @@ def usable_max_model_len(pool_bytes: float, model: str | ModelSpec, block_size: 
     """The longest request the startup check admits: the usable blocks (null block held back) x block size."""
     check_real(pool_bytes, "pool_bytes", minimum=0)
     return max(num_gpu_blocks(pool_bytes, model, block_size, dtype) - 1, 0) * block_size
-
-
-# vLLM 0.33.0's error when nothing is left once the null block is held back
-# (``_check_enough_kv_cache_memory``, v1/core/kv_cache_planning.py).
-NO_MEMORY_MESSAGE = (
-    "No available memory for the cache blocks. "
-    "Try increasing `gpu_memory_utilization` when initializing the engine "
-    "(this flag also controls CPU memory reservation on the CPU "
-    "backend, despite its name). "
-    "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
-    "for more details.")
 
 
 def check_max_model_len(model: str | ModelSpec, max_model_len: int) -> int:
@@ -239,32 +274,6 @@ def check_max_model_len(model: str | ModelSpec, max_model_len: int) -> int:
             f"in model's config.json). To allow overriding this maximum, set the env var "
             f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
     return max_model_len
-
-
-def format_gib(num_bytes: float) -> str:
-    # vLLM's format_gib (vllm/utils/mem_utils.py): GiB rounded to 2 places.
-    return f"{round(num_bytes / GiB, 2)}"
-
-
-def startup_error_message(max_model_len: int, needed_bytes: float, available_bytes: float,
-                          estimated_max_len: int) -> str:
-    """vLLM 0.33.0's startup error, word for word.
-
-    The text is vLLM's (``ValueError``, ``v1/core/kv_cache_planning.py:68-86``),
-    including its unbalanced parenthesis before the GiB needed, so that a
-    reader can search a real server's log for it. The estimate sentence
-    appears only when some length fits, as in vLLM.
-    """
-    estimate = ""
-    if estimated_max_len > 0:
-        estimate = ("Based on the available memory, "
-                    f"the estimated maximum model length is {estimated_max_len}. ")
-    return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
-            f"({format_gib(needed_bytes)} GiB KV cache is needed, which is larger than the available KV cache "
-            f"memory ({format_gib(available_bytes)} GiB). {estimate}"
-            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) "
-            "or decreasing `max_model_len` when initializing the engine. "
-            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
 
 
 @dataclass(frozen=True)
@@ -295,12 +304,17 @@ class BudgetPlan:
     tensor_parallel_size: int = 1
     #: The model itself (a preset or one read from a config.json).
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+    #: The plan by KV-cache groups, for a model whose layers are not all full
+    #: attention (None otherwise): groups, page size, blocks per request.
+    kv_plan: KVCachePlan | None = field(default=None, repr=False, compare=False)
 
     @property
     def logged_max_concurrency(self) -> float:
         """vLLM's "Maximum concurrency for ``max_model_len`` tokens per
         request" (all blocks, the null block included); ``paged_ceiling`` is
-        what fits."""
+        what fits. By groups where there are several."""
+        if self.kv_plan is not None:
+            return self.kv_plan.max_concurrency
         return logged_max_concurrency(self.num_blocks, self.max_model_len, self.block_size)
 
     @property
@@ -315,6 +329,10 @@ class BudgetPlan:
         rows = [("GPU memory", f"{self.total_bytes / GiB:.2f} GiB")]
         if tp > 1:
             rows.append(("tensor_parallel_size", f"{tp}"))
+        if self.kv_plan is not None:
+            kinds = sorted({kind for kind, *_ in self.kv_plan.group_rows()})
+            rows.append(("KV-cache groups", f"{len(self.kv_plan.groups)} ({', '.join(kinds)})"))
+            rows.append(("page per layer", f"{self.kv_plan.page_size_bytes / KiB:,.0f} KiB"))
         return rows + [
             (f"KV bytes per token{per}",
              f"{self.bytes_per_token / KiB:,.0f} KiB"),
@@ -340,7 +358,8 @@ def startup_log_lines(p: BudgetPlan) -> list[str]:
     Compare them with a real server's log.
     """
     concurrency = p.logged_max_concurrency
-    tokens = logged_kv_cache_tokens(p.num_blocks, p.max_model_len, p.block_size)
+    tokens = (p.kv_plan.kv_cache_tokens if p.kv_plan is not None
+              else logged_kv_cache_tokens(p.num_blocks, p.max_model_len, p.block_size))
     return [f"Available KV cache memory: {format_gib(p.pool_bytes)} GiB",
             f"GPU KV cache size: {tokens:,} tokens, "
             f"Maximum concurrency for {p.max_model_len:,} tokens per request: {concurrency:.2f}x"]
@@ -353,7 +372,8 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
          request_len: int = 612, weight_gib: float | None = None,
          weight_dtype: str = "bf16",
          tensor_parallel_size: int = 1, *,
-         logged_non_kv_gib: float | None = None) -> BudgetPlan:
+         logged_non_kv_gib: float | None = None,
+         max_num_batched_tokens: int = 8192, max_concurrent_batches: int = 2) -> BudgetPlan:
     """Size a pool end to end: one GPU's, for ``tensor_parallel_size`` GPUs.
 
     ``weight_gib`` overrides the whole model's weights computed from the
@@ -379,6 +399,14 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
 
     ``model`` may be a Hugging Face ``config.json`` dict; ``dtype`` (the KV
     cache's) and ``weight_dtype`` may be ``"auto"``, the checkpoint's dtype.
+
+    A model whose layers are not all full attention (sliding windows, chunked
+    local attention, linear-attention state, MLA) is planned by KV-cache
+    groups (:func:`pagedkv.kv_cache_planning.plan_kv_cache`, kept as
+    ``kv_plan``): a block costs a page times the layers per group, and a
+    request's blocks are summed over groups, the windowed ones holding the
+    window plus ``max_concurrent_batches x max_num_batched_tokens`` tokens in
+    flight. Its parameters are not counted from the config: give ``weight_gib``.
     """
     g, m = gpu_spec(gpu), model_spec(model)
     dtype, weight_dtype = resolve_kv_dtype(dtype, m), resolve_kv_dtype(weight_dtype, m)
@@ -389,9 +417,20 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
         w = check_real(weight_gib, "weight_gib", minimum=0) * GiB / tp
     non_kv = non_kv_allowance_bytes(w, non_kv_gib, logged_non_kv_gib)
     pool = kv_pool_bytes(g.total_bytes, gpu_memory_utilization, w, non_kv)
-    blocks = num_gpu_blocks(pool, m, block_size, dtype, tp)
     per_token = kv_bytes_per_token(m, dtype, tp)
     reservation = check_int(max_model_len, "max_model_len", 1) * per_token
+    kv_plan = None
+    if _grouped(m):
+        kv_plan = _group_plan(m, pool, max_model_len, block_size, dtype, tp,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              max_concurrent_batches=max_concurrent_batches)
+        blocks = kv_plan.num_blocks
+        per_request = sum(kv_plan.blocks_per_request(request_len))
+        ceiling = kv_plan.requests_that_fit(request_len)
+    else:
+        blocks = num_gpu_blocks(pool, m, block_size, dtype, tp)
+        per_request = blocks_per_request(request_len, block_size)
+        ceiling = paged_ceiling(blocks, request_len, block_size)
     return BudgetPlan(
         gpu=g.name, model=m.name, dtype=str(dtype), total_bytes=g.total_bytes,
         weight_bytes=w, non_kv_bytes=non_kv,
@@ -401,9 +440,9 @@ def plan(gpu: str | GPUSpec = "H100 SXM 80GB",
         max_model_len=max_model_len,
         contiguous_reservations=int(pool // reservation),
         request_len=request_len,
-        blocks_per_request=blocks_per_request(request_len, block_size),
-        paged_ceiling=paged_ceiling(blocks, request_len, block_size),
-        tensor_parallel_size=tp, spec=m,
+        blocks_per_request=per_request,
+        paged_ceiling=ceiling,
+        tensor_parallel_size=tp, spec=m, kv_plan=kv_plan,
     )
 
 

@@ -170,6 +170,33 @@ class SlidingWindowSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Chunked local attention (Llama 4): a token attends only within its own
+    ``attention_chunk_size``-aligned chunk, so whole earlier chunks are never read.
+
+    A running request holds at most one chunk plus the tokens in flight,
+    never more than ``max_model_len``; chunks start on block boundaries
+    whenever the chunk size is a multiple of the block size, so there is no
+    extra block as for a sliding window (``ChunkedLocalAttentionSpec``,
+    ``v1/kv_cache_interface.py:860-881``).
+    """
+
+    attention_chunk_size: int
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int(self.attention_chunk_size, "attention_chunk_size", 1)
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        max_in_flight_tokens = check_int(max_in_flight_tokens, "max_in_flight_tokens", 0)
+        max_model_len = check_int(max_model_len, "max_model_len", 1)
+        return cdiv(min(self.attention_chunk_size + max_in_flight_tokens, max_model_len), self.block_size)
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        return self.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len) * self.page_size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
 class MambaSpec(KVCacheSpec):
     """A Mamba / linear-attention layer: one fixed-size *state* per request, not a KV per token.
 

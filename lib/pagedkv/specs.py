@@ -3,9 +3,9 @@
 What :mod:`pagedkv.budget` computes with. A model is its shape -- layers,
 attention heads, KV heads, head size, parameters, context -- and a GPU its
 memory and bandwidth, taken from a preset by name or, for a model, from a
-Hugging Face ``config.json`` (Llama-, Mistral- and Qwen2-shaped; what cannot be
-sized from one KV head count and one head size, such as sliding-window or
-hybrid models, is refused by name). ``pagedkv.budget`` re-exports every name
+Hugging Face ``config.json`` (Llama-, Mistral- and Qwen2-shaped, and the
+windowed and hybrid families vLLM 0.33.0 groups: Gemma 3, gpt-oss, Llama 4,
+Qwen3-Next, DeepSeek's MLA; each layer's kind is read by :func:`layer_kinds`). ``pagedkv.budget`` re-exports every name
 here, so ``budget.ModelSpec`` and ``budget.model_spec_from_config`` work too.
 
 Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
@@ -14,7 +14,7 @@ Units: GiB = 2**30 bytes, MiB = 2**20 bytes (what nvidia-smi calls "MiB").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,9 +69,25 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ConfigModelSpec(ModelSpec):
-    """A :class:`ModelSpec` read from a ``config.json``, with the checkpoint's dtype."""
+    """A :class:`ModelSpec` read from a ``config.json``, with the checkpoint's dtype.
+
+    ``layer_kinds`` has one :data:`LAYER_KINDS` entry per layer
+    (:func:`layer_kinds`); ``config`` is the language model's config as read,
+    which ``pagedkv.kv_cache_planning`` turns into per-layer KV-cache specs.
+    ``num_params`` is 0 where the shapes do not give it (see
+    :func:`model_spec_from_config`).
+    """
 
     torch_dtype: str = "bfloat16"
+    layer_kinds: tuple[str, ...] = ()
+    config: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @property
+    def grouped(self) -> bool:
+        """True unless every layer is full attention: vLLM then plans more
+        than one kind of KV-cache group (or one windowed group), and
+        ``pagedkv.kv_cache_planning`` sizes the pool."""
+        return any(k != "full_attention" for k in self.layer_kinds)
 
 
 @dataclass(frozen=True)
@@ -304,9 +320,21 @@ def dtype_bytes(dtype: str | torch.dtype) -> int:
 
 # ------------------------------------------------- a model's own config.json
 
-#: ``model_type`` values whose attention :func:`model_spec_from_config` can
-#: size: every layer full attention, one KV head count, one head size.
+#: ``model_type`` values whose every layer is full attention (or, for Mistral,
+#: every layer one sliding window) and whose parameters this module counts.
 SIZED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+#: The kinds of layer :func:`layer_kinds` names, one per KV-cache spec of
+#: ``pagedkv.kv_cache_spec``: full attention, a sliding window, chunked local
+#: attention (Llama 4), a linear-attention state (Qwen3-Next's Gated DeltaNet,
+#: a Mamba-style state), and multi-head latent attention (DeepSeek).
+LAYER_KINDS = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention", "mla")
+
+#: The hybrid and windowed families :func:`layer_kinds` reads, besides
+#: :data:`SIZED_MODEL_TYPES` (their parameters are not counted: give the
+#: weights as the server logs them).
+GROUPED_MODEL_TYPES = ("gemma3", "gemma3_text", "gpt_oss", "llama4", "llama4_text", "qwen3_next",
+                       "deepseek_v2", "deepseek_v3")
 
 # Hugging Face's dtype names, as KV sizing spells them.
 _HF_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
@@ -333,67 +361,134 @@ def _config_dict(config) -> dict:
     raise TypeError(f"config must be a dict or the path of a config.json, got {type(config).__name__}")
 
 
+def text_config(config) -> dict:
+    """The language model's part of a config: ``text_config`` where a
+    multimodal checkpoint (Gemma 3, Llama 4) nests it, with the outer
+    ``torch_dtype`` as a default; else the config itself."""
+    c = _config_dict(config)
+    inner = c.get("text_config")
+    if not isinstance(inner, dict):
+        return c
+    merged = dict(inner)
+    for key in ("torch_dtype", "dtype", "_name_or_path"):
+        if key in c and key not in merged:
+            merged[key] = c[key]
+    return merged
+
+
+def layer_kinds(config) -> list[str]:
+    """One entry of :data:`LAYER_KINDS` per decoder layer, read as vLLM 0.33.0's model code reads it.
+
+    ``layer_types`` wins where the config has it (gpt-oss, recent Gemma 3 and
+    Qwen3-Next files); otherwise Gemma 3 slides on every layer but each
+    ``sliding_window_pattern``-th (default 6), Llama 4 attends to its chunk
+    on every layer that keeps RoPE (``no_rope_layers``, empty meaning every
+    ``no_rope_layer_interval``-th layer, default 4, is global), Qwen3-Next has
+    full attention every ``full_attention_interval``-th layer (default 4) and
+    linear attention elsewhere, an MLA config (``kv_lora_rank``) is MLA on
+    every layer, and a Mistral-style ``sliding_window`` slides on every layer.
+
+    Raises ``ValueError`` naming the layer and the reason for a kind that
+    cannot be sized (an unknown ``layer_types`` entry, a sliding layer without
+    ``sliding_window``, a chunked one without ``attention_chunk_size``) and
+    for a ``model_type`` that is not read here.
+    """
+    c = text_config(config)
+    model_type = c.get("model_type")
+    if c.get("num_hidden_layers") is None:
+        raise ValueError("config.json lacks 'num_hidden_layers'")
+    n = check_int(c["num_hidden_layers"], "config.json num_hidden_layers", 1)
+    aliases = {"sliding_window": "sliding_attention", "chunked_attention": "chunked_attention",
+               "linear_attention": "linear_attention", "full_attention": "full_attention",
+               "sliding_attention": "sliding_attention"}
+    if "kv_lora_rank" in c:
+        kinds = ["mla"] * n
+    elif c.get("layer_types"):
+        types = c["layer_types"]
+        if not isinstance(types, list) or len(types) != n:
+            raise ValueError(f"config.json layer_types must list {n} layers (num_hidden_layers), "
+                             f"got {types!r:.80}")
+        kinds = []
+        for i, t in enumerate(types):
+            if t not in aliases:
+                raise ValueError(f"layer model.layers.{i}: unknown layer type {t!r} "
+                                 f"(known: {', '.join(aliases)})")
+            kinds.append(aliases[t])
+    elif model_type in ("gemma3", "gemma3_text"):
+        pattern = check_int(c.get("sliding_window_pattern", 6), "config.json sliding_window_pattern", 1)
+        kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    elif model_type in ("llama4", "llama4_text"):
+        interval = check_int(c.get("no_rope_layer_interval", 4), "config.json no_rope_layer_interval", 1)
+        rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+        if len(rope) != n:
+            raise ValueError(f"config.json no_rope_layers must list {n} layers, got {len(rope)}")
+        chunked = c.get("attention_chunk_size") is not None
+        kinds = ["chunked_attention" if rope[i] and chunked else "full_attention" for i in range(n)]
+    elif model_type == "qwen3_next":
+        interval = check_int(c.get("full_attention_interval", 4), "config.json full_attention_interval", 1)
+        kinds = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    elif model_type in SIZED_MODEL_TYPES:
+        if model_type == "qwen2" and c.get("use_sliding_window"):
+            raise ValueError("Qwen2 with use_sliding_window=true (windows only above max_window_layers) "
+                             "is not modelled here")
+        window = c.get("sliding_window") if model_type != "qwen2" else None
+        kinds = ["sliding_attention" if window else "full_attention"] * n
+    else:
+        known = ", ".join(SIZED_MODEL_TYPES + GROUPED_MODEL_TYPES)
+        raise ValueError(f"model_type {model_type!r} is not one this module sizes ({known})")
+    for i, kind in enumerate(kinds):
+        if kind == "sliding_attention" and not c.get("sliding_window"):
+            raise ValueError(f"layer model.layers.{i}: a sliding_attention layer needs sliding_window, "
+                             f"got {c.get('sliding_window')!r}")
+        if kind == "chunked_attention" and not c.get("attention_chunk_size"):
+            raise ValueError(f"layer model.layers.{i}: a chunked_attention layer needs "
+                             f"attention_chunk_size, got {c.get('attention_chunk_size')!r}")
+    return kinds
+
+
 def unsized_reason(config) -> str | None:
     """Why :func:`model_spec_from_config` cannot size this model's KV cache, or None.
 
-    The pool arithmetic of this module assumes one KV-cache group: every layer
-    keeps K and V of every token, with the same heads. It refuses, by name:
-
-    * **sliding-window** attention (Mistral-7B-v0.1's ``sliding_window``,
-      Qwen2's ``use_sliding_window``, a ``layer_types`` entry
-      ``"sliding_attention"``): those layers keep only the window, so vLLM
-      puts them in a second KV-cache group with its own block count;
-    * **hybrid** models (a ``layer_types`` entry other than full or sliding
-      attention, such as Mamba or linear-attention layers, or SSM keys such as
-      ``mamba_d_state`` / ``ssm_state_size``): their state is not per-token KV;
-    * **MLA** (``kv_lora_rank``, DeepSeek-V2/V3): one compressed latent per
-      token instead of K and V per head;
-    * any other ``model_type``: its attention is not known here.
+    Full attention, sliding windows, chunked local attention, Qwen3-Next's
+    linear-attention state and MLA are all sized (:func:`layer_kinds` names
+    each layer's kind, ``pagedkv.kv_cache_planning`` groups them as vLLM
+    0.33.0 does). What is left is refused by name: an unknown layer type, a
+    ``model_type`` whose layers are not read here (Nemotron-H's and Jamba's
+    Mamba layers among them), a window or chunk size that is missing.
     """
-    c = _config_dict(config)
-    model_type = c.get("model_type")
-    layer_types = c.get("layer_types") or []
-    other = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
-    if other:
-        return f"hybrid model: layer_types has {', '.join(map(repr, other))} layers besides attention"
-    ssm = [k for k in ("mamba_d_state", "ssm_state_size", "mamba_expand", "linear_num_key_heads",
-                       "attn_layer_indices", "hybrid_override_pattern") if k in c]
-    if ssm:
-        return f"hybrid model: config has {', '.join(ssm)} (state that is not per-token KV)"
-    if "kv_lora_rank" in c:
-        return "MLA (kv_lora_rank): K and V are one compressed latent per token, not per head"
-    if "sliding_attention" in layer_types:
-        return "sliding-window model: layer_types has 'sliding_attention' layers"
-    if c.get("use_sliding_window") or (model_type != "qwen2" and c.get("sliding_window")):
-        return (f"sliding-window model: sliding_window={c.get('sliding_window')!r} "
-                "(those layers keep only the window: a second KV-cache group)")
-    if model_type not in SIZED_MODEL_TYPES:
-        return (f"model_type {model_type!r} is not one this module sizes "
-                f"({', '.join(SIZED_MODEL_TYPES)})")
+    try:
+        layer_kinds(config)
+    except ValueError as error:
+        return str(error)
     return None
 
 
 def model_spec_from_config(config, name: str | None = None) -> ConfigModelSpec:
-    """A :class:`ConfigModelSpec` read from a Hugging Face ``config.json``: Llama-, Mistral- or Qwen2-shaped.
+    """A :class:`ConfigModelSpec` read from a Hugging Face ``config.json``.
 
     Reads the layers (``num_hidden_layers``), the query and KV heads
     (``num_key_value_heads``, absent meaning one per query head), the head size
     (``head_dim``, else ``hidden_size / num_attention_heads``), the context
     (``max_position_embeddings``; a ``yarn`` ``rope_scaling`` factor gives the
-    extended one) and the checkpoint's dtype (``torch_dtype``, or ``dtype`` as
-    transformers 5 writes it). The parameter count comes from the shapes
-    (embeddings, attention with its biases, the gated MLP, the norms, the LM
-    head unless tied), so a quantized checkpoint's weight *bytes* are not
-    ``params x dtype``: give the figure the server logged instead
-    (``Model loading took ... GiB``).
+    extended one), the checkpoint's dtype (``torch_dtype``, or ``dtype`` as
+    transformers 5 writes it) and each layer's kind (:func:`layer_kinds`).
+    A multimodal file's ``text_config`` is what is read. MLA (DeepSeek) keeps
+    one latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer:
+    one "KV head" of that size, with no separate V.
+
+    For Llama-, Mistral- and Qwen2-shaped models the parameter count comes
+    from the shapes (embeddings, attention with its biases, the gated MLP, the
+    norms, the LM head unless tied); for the others (mixtures of experts,
+    hybrids, quantized checkpoints) it is left at 0, which sizing refuses:
+    give the weights the server logged (``Model loading took ... GiB``) as
+    ``weight_gib``.
 
     Raises ``ValueError`` naming what it cannot size (:func:`unsized_reason`)
     or the key that is missing or wrong.
     """
-    c = _config_dict(config)
-    reason = unsized_reason(c)
-    if reason:
-        raise ValueError(f"cannot size the KV cache of this model: {reason}")
+    raw = _config_dict(config)
+    c = text_config(raw)
+    kinds = layer_kinds(c)
 
     def get(key: str, default=None, minimum: int = 1) -> int:
         value = c.get(key, default)
@@ -415,22 +510,26 @@ def model_spec_from_config(config, name: str | None = None) -> ConfigModelSpec:
                              f"into {heads} heads")
         head_dim = hidden // heads
     head_dim = check_int(head_dim, "config.json head_dim", 1)
-    vocab = get("vocab_size")
-    inter = get("intermediate_size")
+    if "kv_lora_rank" in c:  # MLA: one latent (and its RoPE part) per token
+        kv_heads, head_dim = 1, get("kv_lora_rank") + get("qk_rope_head_dim")
     context = get("max_position_embeddings")
     raw_dtype = c.get("torch_dtype", c.get("dtype", "bfloat16"))
     if raw_dtype not in _HF_DTYPES:
         raise ValueError(f"config.json torch_dtype {raw_dtype!r} is not one of {', '.join(_HF_DTYPES)}")
-    q, kv = heads * head_dim, kv_heads * head_dim
-    qkv_bias = c.get("model_type") == "qwen2" or bool(c.get("attention_bias"))
-    attn = hidden * q + 2 * hidden * kv + q * hidden
-    if qkv_bias:
-        attn += q + 2 * kv + (hidden if c.get("model_type") != "qwen2" else 0)  # Llama biases o_proj too
-    mlp = 3 * hidden * inter + (2 * inter + hidden if c.get("mlp_bias") else 0)
-    embed = vocab * hidden
-    params = embed + layers * (attn + mlp + 2 * hidden) + hidden
-    if not c.get("tie_word_embeddings", False):
-        params += embed
+    params = 0
+    if c.get("model_type") in SIZED_MODEL_TYPES:
+        vocab = get("vocab_size")
+        inter = get("intermediate_size")
+        q, kv = heads * head_dim, kv_heads * head_dim
+        qkv_bias = c.get("model_type") == "qwen2" or bool(c.get("attention_bias"))
+        attn = hidden * q + 2 * hidden * kv + q * hidden
+        if qkv_bias:
+            attn += q + 2 * kv + (hidden if c.get("model_type") != "qwen2" else 0)  # Llama biases o_proj too
+        mlp = 3 * hidden * inter + (2 * inter + hidden if c.get("mlp_bias") else 0)
+        embed = vocab * hidden
+        params = embed + layers * (attn + mlp + 2 * hidden) + hidden
+        if not c.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)):
+            params += embed
     extended = context
     scaling = c.get("rope_scaling") or {}
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "yarn":
@@ -440,7 +539,7 @@ def model_spec_from_config(config, name: str | None = None) -> ConfigModelSpec:
     if name is None:
         name = str(c.get("_name_or_path") or c.get("model_type"))
     return ConfigModelSpec(name, layers, heads, kv_heads, head_dim, params, context, extended,
-                           _HF_DTYPES[raw_dtype])
+                           _HF_DTYPES[raw_dtype], tuple(kinds), c)
 
 
 def resolve_kv_dtype(dtype, m: ModelSpec):

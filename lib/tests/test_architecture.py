@@ -62,7 +62,7 @@ def test_a_clean_fake_package_passes(tmp_path):
     ({"checks/ch01.py": "import tools.notebooks\n"},
      "checks imports tools: pagedkv.checks.ch01 -> tools.notebooks"),
     ({"budget.py": "from .block_pool import BlockPool\n"},
-     "core layer order: pagedkv.budget -> pagedkv.block_pool (BlockPool), line 1 (layer 2"),
+     "core layer order: pagedkv.budget -> pagedkv.block_pool (BlockPool), line 1 (layer 3"),
     ({"block_pool.py": "from .budget import _secret\n"},
      "imports underscore names _secret: pagedkv.block_pool -> pagedkv.budget"),
     ({"views/widgets.py": "from ..checks._harness import Checker\n"},
