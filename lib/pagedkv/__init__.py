@@ -38,6 +38,7 @@ _SUBMODULES = {
     "block_pool",
     "request",
     "kv_cache_spec",
+    "kv_cache_planning",
     "single_type_managers",
     "mamba_manager",
     "kv_cache_coordinator",
