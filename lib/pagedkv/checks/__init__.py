@@ -26,3 +26,4 @@ from .ch07b_kernel_puzzles import (check_kernel_puzzle, print_puzzle_mistakes, s
                                    trace_kernel_puzzle)
 from .ch07b_grid_prediction import SPLIT_TRACE, check_split_grid_prediction  # noqa: F401
 from ._harness import print_mistakes  # noqa: F401
+from .ch02_measure import check_worst_fit_experiment  # noqa: F401

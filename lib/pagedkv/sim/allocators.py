@@ -85,6 +85,13 @@ class VariableExtentAllocator(KVAllocator):
     smallest big enough (lowest address on ties). A freed extent merges with
     free neighbours, so no two holes ever touch. Admission can fail while the
     holes add up to more than the request needs: external fragmentation.
+
+    An extension point: ``policy`` may also be a function
+    ``choose(holes, need) -> start | None``, handed the holes as
+    ``(start, length)`` pairs by address and the slots a request needs. It
+    returns the start of a hole of at least ``need`` slots, or ``None`` to
+    refuse; any other answer is a ``ValueError`` naming it, nothing changed.
+    The request always takes the front of the chosen hole.
     """
 
     reserves_growth = True
@@ -92,14 +99,16 @@ class VariableExtentAllocator(KVAllocator):
 
     def __init__(self, capacity: int, max_model_len: int, policy: str = "first-fit"):
         super().__init__(capacity, max_model_len)
-        if policy not in self.POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(self.POLICIES)}")
+        if not callable(policy) and policy not in self.POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(self.POLICIES)} "
+                             "or pass a function choose(holes, need) -> start | None")
         if self.capacity < self.max_model_len:
             raise ValueError(
                 f"a pool of {self.capacity} slots cannot hold one max_model_len = {self.max_model_len} request"
             )
         self.policy = policy
-        self.name = f"variable-extent {policy}"
+        label = policy if isinstance(policy, str) else getattr(policy, "__name__", "custom")
+        self.name = f"variable-extent {label}"
         self._hole_starts: list[int] = [0]  # sorted; invariant: holes never touch
         self._hole_len: dict[int, int] = {0: self.capacity}
         self._free_total = self.capacity
@@ -123,6 +132,8 @@ class VariableExtentAllocator(KVAllocator):
         return self._free_total
 
     def _find_hole(self, need: int) -> int | None:
+        if callable(self.policy):
+            return self._chosen_hole(need)
         if self.policy == "first-fit":
             for s in self._hole_starts:
                 if self._hole_len[s] >= need:
@@ -130,6 +141,23 @@ class VariableExtentAllocator(KVAllocator):
             return None
         fits = [(n, s) for s, n in self._hole_len.items() if n >= need]
         return min(fits)[1] if fits else None
+
+    def _chosen_hole(self, need: int) -> int | None:
+        """The hole a function policy picks, checked: a start of a hole that fits, or None."""
+        start = self.policy(self.free_extents(), need)
+        if start is None:
+            return None
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
+            raise ValueError(f"the policy must return a hole's start (an int) or None, got "
+                             f"{type(start).__name__} {start!r}")
+        start = int(start)
+        if start not in self._hole_len:
+            raise ValueError(f"the policy returned {start}, which is not the start of a hole "
+                             f"(holes: {self.free_extents()})")
+        if self._hole_len[start] < need:
+            raise ValueError(f"the policy returned the hole at {start} of {self._hole_len[start]} "
+                             f"slots for a request of {need}")
+        return start
 
     def _reserve(self, prompt, max_new):
         need = prompt + max_new
