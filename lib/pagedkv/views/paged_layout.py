@@ -137,6 +137,21 @@ def _rows_from(source, requests, num_tokens):
             n = tokens.get(rid, holder.num_computed_tokens if holder is not None else None)
             rows.append((rid, source.get_block_ids(rid), n))
         return rows, source.block_pool, source.block_size
+    if hasattr(source, "single_type_managers"):  # a KV-cache coordinator: a row per request per group
+        sizes = {m.block_size for m in source.single_type_managers}
+        if len(sizes) != 1:
+            raise ValueError(f"the groups' block sizes differ ({sorted(sizes)}): draw one group at a time")
+        ids = {}
+        for m in source.single_type_managers:
+            for rid in m.req_to_blocks:
+                ids.setdefault(rid, None)
+        rows = []
+        for req in (list(ids) if requests is None else requests):
+            rid = req.request_id if isinstance(req, Request) else str(req)
+            n = tokens.get(rid, req.num_computed_tokens if isinstance(req, Request) else None)
+            # Named "<id> g<group>": owner_color gives group g the palette's g-th colour.
+            rows += [(f"{rid} g{g}", row, n) for g, row in enumerate(source.get_block_ids(rid))]
+        return rows, source.block_pool, sizes.pop()
     if isinstance(source, BlockTable):
         names = (dict(requests) if requests is not None else
                  {r: f"row {r}" for r in range(source.max_num_reqs) if source.num_blocks_per_row[r]})
@@ -148,7 +163,7 @@ def _rows_from(source, requests, num_tokens):
                 for name, blocks in source.items()]
         return rows, None, None
     raise TypeError("describe_layout needs a KVCacheManager, a BlockTable or a mapping "
-                    f"{{request: [block ids]}}, got {type(source).__name__}")
+                    f"{{request: [block ids]}} (or a KV-cache coordinator), got {type(source).__name__}")
 
 
 def describe_layout(source, requests=None, *, num_tokens: Mapping[str, int] | None = None,
@@ -161,6 +176,8 @@ def describe_layout(source, requests=None, *, num_tokens: Mapping[str, int] | No
       to draw, in order (default: every request holding blocks); a request's
       filled slots are its ``num_computed_tokens``; the pool and the block
       size are the manager's;
+    - a KV-cache coordinator: one row per request and group, named
+      ``"A g1"`` and coloured by group (null entries point at block 0);
     - a ``BlockTable``: ``requests`` maps row -> name (default: every
       non-empty row, named ``row r``); give ``block_size``;
     - a mapping ``{name: [block ids or KVCacheBlocks]}``; give ``block_size``.
@@ -527,7 +544,8 @@ class PagedLayoutView(FollowingView):
     def _pool(self) -> BlockPool | None:
         if self.pool is not None:
             return self.pool
-        return self.source.block_pool if isinstance(self.source, KVCacheManager) else None
+        owns_pool = isinstance(self.source, KVCacheManager) or hasattr(self.source, "single_type_managers")
+        return self.source.block_pool if owns_pool else None
 
     def static_html(self) -> str:
         requests = self.requests() if callable(self.requests) else self.requests

@@ -37,8 +37,13 @@ class BlockPoolView(FollowingView):
     """
 
     def __init__(self, pool: BlockPool, owners: Owners = None, title: str | None = None,
-                 min_interval: float = 0.1, columns: int | None = None) -> None:
+                 min_interval: float = 0.1, columns: int | None = None, groups=None,
+                 names=None) -> None:
+        # groups: a KV-cache coordinator (or {block_id: group}, or a function
+        # returning one): in-use blocks take their group's colour, read anew at
+        # every redraw, so a sliding window's freed blocks turn free as they go.
         self.pool, self.owners, self.title, self.columns = pool, owners, title, columns
+        self.groups, self.names = groups, names
         self.min_interval = float(min_interval)
         self.widget = _ipywidgets.HTML() if _ipywidgets is not None else None
         self._stale = True
@@ -50,7 +55,8 @@ class BlockPoolView(FollowingView):
         self._engine: EngineFollower | None = None
 
     def static_html(self) -> str:
-        return render_pool(self.pool, self.owners, self.title, columns=self.columns)
+        return render_pool(self.pool, self.owners, self.title, columns=self.columns,
+                           groups=self.groups, names=self.names)
 
     def refresh(self) -> None:
         """Redraw now."""

@@ -71,8 +71,9 @@ class TraceRecorder:
     """
 
     def __init__(self, pool: BlockPool, owners: Owners = None, title: str | None = None,
-                 max_frames: int = 200, columns: int | None = None) -> None:
+                 max_frames: int = 200, columns: int | None = None, groups=None, names=None) -> None:
         self.pool, self.title, self.columns = pool, title, columns
+        self.groups, self.names = groups, names  # KV-cache groups: see render_pool
         self._own_owners = owners is None
         self.owners: Owners = BlockOwners(pool) if owners is None else owners
         self.max_frames = max_frames
@@ -90,7 +91,8 @@ class TraceRecorder:
 
     def _render(self, highlight: Iterable[int]) -> str:
         """The picture of this moment: the pool, the blocks in ``highlight`` outlined."""
-        return render_pool(self.pool, self.owners, self.title, highlight=highlight, columns=self.columns)
+        return render_pool(self.pool, self.owners, self.title, highlight=highlight, columns=self.columns,
+                           groups=self.groups, names=self.names)
 
     def _listen(self) -> Callable[[], None]:
         """Start hearing the changes to record; returns the function that stops it."""
