@@ -43,7 +43,7 @@ LAYERS = [
     {"specs", "kv_cache_spec"},
     {"kv_cache_planning"},
     {"budget", "hashing"},
-    {"server_log", "free_queue", "pool_events", "request"},
+    {"server_log", "non_kv_estimate", "free_queue", "pool_events", "request"},
     {"block_pool"},
     {"single_type_managers"},
     {"mamba_manager"},
