@@ -187,11 +187,15 @@ def estimate_non_kv(model, *, max_num_batched_tokens: int = 8192, max_num_seqs: 
 
 def compare_with_log(estimate: NonKVEstimate, log) -> list[tuple[str, float, float | None]]:
     """(figure, estimated GiB, logged GiB or None) for a dry run's log read by
-    ``server_log.read_startup_log``: its "Actual usage is ... GiB for peak
-    activation, and ... GiB for CUDAGraph memory" line and "Model loading took"."""
+    ``server_log.read_startup_log``: "Model loading took", and the "Actual
+    usage is ... GiB for peak activation, and ... GiB for CUDAGraph memory"
+    line, whose peak activation includes the CUDA-graph estimate vLLM
+    subtracted (``peak_activation_memory``, ``v1/worker/gpu_worker.py``) and
+    whose CUDAGraph figure is the pool actually captured."""
     return [("weights", estimate.weight_bytes / GiB, getattr(log, "model_loading_gib", None)),
-            ("activation peak", estimate.activation_bytes / GiB, getattr(log, "activation_gib", None)),
-            ("CUDA graphs", estimate.cudagraph_bytes / GiB, getattr(log, "cudagraph_gib", None))]
+            ("activation peak + graph estimate", estimate.allowance_bytes / GiB,
+             getattr(log, "activation_gib", None)),
+            ("CUDA graphs captured", estimate.cudagraph_bytes / GiB, getattr(log, "cudagraph_gib", None))]
 
 
 #: Logged figures the estimate is checked against, each with its source: the

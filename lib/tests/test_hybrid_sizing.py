@@ -288,3 +288,17 @@ def test_the_startup_check_by_groups_names_the_length_that_fits():
         plan_kv_cache(GEMMA3_1B, 200 * 2**20, max_model_len=32_768)
     with pytest.raises(ValueError, match="No available memory"):
         plan_kv_cache(GEMMA3_1B, 1_000, max_model_len=32_768)
+
+
+def test_the_calculator_shows_the_groups_and_runs_the_check_by_groups():
+    from pagedkv.views.calculator import groups_html, plan_html, startup_error
+
+    p = budget.plan(model=GEMMA3_1B, weight_gib=1.9, max_model_len=32_768)
+    page = plan_html(p, with_figure=False)
+    assert "6: full attention" in page and "sliding window 512" in page
+    assert budget.startup_log_lines(p)[1] in page and startup_error(p) is None
+    assert groups_html(budget.plan()) == ""  # one group: the table of chapter 1, unchanged
+    # a pool too small for one 32,768-token request in every group is refused with vLLM's words
+    tight = budget.plan(gpu="1000 MiB", model=GEMMA3_1B, weight_gib=0.2, non_kv_gib=0.5,
+                        gpu_memory_utilization=0.9, max_model_len=32_768)
+    assert startup_error(tight).startswith("To serve at least one request with the model's max seq len (32768)")

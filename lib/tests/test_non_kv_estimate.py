@@ -64,8 +64,10 @@ def test_a_dry_run_log_is_compared_term_by_term():
         "(0.9, 71.27 GiB). Actual usage is 16.5 GiB for consumed memory (weights + non-torch), "
         "1.32 GiB for peak activation, and 0.25 GiB for CUDAGraph memory.")
     rows = n.compare_with_log(n.estimate_non_kv("Llama-3.1-8B"), log)
-    assert [(name, logged) for name, _, logged in rows] == [("weights", 14.99), ("activation peak", 1.32),
-                                                             ("CUDA graphs", 0.25)]
+    assert [(name, logged) for name, _, logged in rows] == [
+        ("weights", 14.99), ("activation peak + graph estimate", 1.32), ("CUDA graphs captured", 0.25)]
+    e = n.estimate_non_kv("Llama-3.1-8B")
+    assert rows[1][1] == pytest.approx(e.allowance_bytes / GiB)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -10,6 +10,15 @@ and shows its message in red when one ``max_model_len`` request does not fit.
 Its rich display carries a static HTML rendering of the current plan as well as
 the live widget, so a page built from the executed notebook shows the settings,
 the table and the figure rather than an empty box.
+
+A ``config.json`` whose layers are not all full attention (Gemma 3, gpt-oss,
+Llama 4, Qwen3-Next, DeepSeek's MLA, Mistral's window) is planned by KV-cache
+groups (``BudgetPlan.kv_plan``), and the rendering adds the groups' table and
+the line vLLM would log. What it does not take: the scheduler's token budget
+is fixed at ``vllm serve``'s 8,192 with two batches in flight (call
+``budget.plan`` for others); a hybrid's Mamba state is planned without prefix
+caching ("none" mode); a mixture of experts or hybrid needs its weights typed
+(``weight_gib``), the parameter count not being read from its config.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import io
 
 from .. import budget
 from ..budget import GiB
+from ..kv_cache_planning import check_enough_memory
 
 COLORS = {"weights": "#6c757d", "non-KV allowance": "#f0ad4e",
           "KV pool": "#2c7fb8", "headroom": "#d9d9d9"}
@@ -166,6 +176,9 @@ def startup_error(p: budget.BudgetPlan) -> str | None:
     not fit the plan's pool (per rank, null block held back)."""
     try:
         budget.check_max_model_len(p.spec or p.model, p.max_model_len)
+        if p.kv_plan is not None:  # by groups, on this rank's specs
+            check_enough_memory(p.kv_plan)
+            return None
         budget.check_enough_kv_cache_memory(
             p.pool_bytes, rank_model_spec(p), p.max_model_len,
             p.block_size, p.dtype)
@@ -208,7 +221,24 @@ def plan_html(p: budget.BudgetPlan, with_figure: bool = True) -> str:
     settings = (f"<div style='font-size:90%;color:#555'>"
                 f"{html.escape(settings_line(p))}</div>")
     return (f"<div class='pagedkv-budget'>{settings}{verdict}"
-            f"<table>{rows}</table>{img}</div>")
+            f"<table>{rows}</table>{groups_html(p)}{img}</div>")
+
+
+def groups_html(p: budget.BudgetPlan) -> str:
+    """The KV-cache groups of a plan that has several (else ""): one row per
+    group, and the capacity line vLLM 0.33.0 would log."""
+    if p.kv_plan is None:
+        return ""
+    head = ("<tr><th style='text-align:left;padding:2px 12px 2px 0'>group</th><th>layers</th>"
+            "<th>tokens per block</th><th>blocks per request</th></tr>")
+    body = "".join(
+        f"<tr><td style='padding:2px 12px 2px 0'>{i}: {html.escape(kind)}</td>"
+        f"<td style='text-align:right'>{n}</td><td style='text-align:right'>{bs}</td>"
+        f"<td style='text-align:right'>{need:,}</td></tr>"
+        for i, (kind, n, bs, need) in enumerate(p.kv_plan.group_rows()))
+    line = html.escape(budget.startup_log_lines(p)[1])
+    return (f"<table style='font-size:90%'>{head}{body}</table>"
+            f"<div style='font-size:90%'><code>{line}</code></div>")
 
 
 def plan_error_html(message: str) -> str:
