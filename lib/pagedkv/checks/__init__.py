@@ -27,3 +27,4 @@ from .ch07b_kernel_puzzles import (check_kernel_puzzle, print_puzzle_mistakes, s
 from .ch07b_grid_prediction import SPLIT_TRACE, check_split_grid_prediction  # noqa: F401
 from ._harness import print_mistakes  # noqa: F401
 from .ch02_measure import check_worst_fit_experiment  # noqa: F401
+from .ch03_measure import check_free_rule_experiment  # noqa: F401

@@ -15,6 +15,8 @@ it:
 - ``paged_kv``: the book's CPU reference allocator ``PagedKV`` (owners, pins,
   copy-on-write), and ``paged_kv_trial``, its randomized trial;
 - ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6);
+- ``prefix_pressure``: a multi-tenant chat trace served on a
+  ``KVCacheManager`` (or a subclass), prefix hits counted (exercise 3);
 - ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by
   the real manager, block table and slot mapping, ready for one attention
   launch.
@@ -44,6 +46,7 @@ _EXPORTS = {
     **dict.fromkeys(["WasteSimResult", "simulate", "run_all", "steady_running"], "waste_sim"),
     **dict.fromkeys(["PagedKV", "format_pool", "TailWaste", "tail_waste"], "paged_kv"),
     **dict.fromkeys(["SimRequest", "SchedulerSimResult", "SchedulerSim", "demo_scheduler"], "scheduler_sim"),
+    **dict.fromkeys(["PressureWorkload", "PRESSURE_WORKLOAD", "Served", "serve"], "prefix_pressure"),
 }
 
 
