@@ -205,6 +205,11 @@ def test_the_right_hit_prediction_passes():
 
 
 # -------------------------------------------------------------- trap design
+def test_no_design_yet_is_one_line():
+    report = hh.check_trap_design(None)
+    assert report.stub and len(report.results) == 1
+
+
 def test_a_good_trap_passes():
     assert hh.check_trap_design(({0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 6, 7}))
     assert hh.check_trap_design(lambda: ({0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 6, 7}))

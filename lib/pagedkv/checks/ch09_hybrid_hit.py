@@ -297,11 +297,20 @@ def _read_design(design) -> tuple[set, set]:
 
 def check_trap_design(design, timeout: float = 30.0) -> CheckReport:
     """Grade a cache state ``(full_cached, window_cached)`` for window 8, blocks of 4,
-    ``max_length`` 32: the hit is at least 12 tokens, and the smaller per-group answer
-    (each group asked at 32) is longer than the hit."""
+    ``max_length`` 32 (or a function returning one; ``None``: not made yet): the hit is
+    at least 12 tokens, and the smaller per-group answer (each group asked at 32) is
+    longer than the hit."""
     w, b, cap = TRAP_WINDOW, TRAP_BLOCK_SIZE, TRAP_MAX_LENGTH
     with Checker("trap design", timeout=timeout) as c:
         state: dict = {}
+
+        def untouched():
+            if design is None:  # the exercise's unfilled state
+                raise NotImplementedError
+            if callable(design):
+                design()
+
+        c.probe(untouched)
 
         def shape():
             state["f"], state["s"] = _read_design(design() if callable(design) else design)
