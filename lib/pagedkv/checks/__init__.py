@@ -28,3 +28,4 @@ from .ch07b_grid_prediction import SPLIT_TRACE, check_split_grid_prediction  # n
 from ._harness import print_mistakes  # noqa: F401
 from .ch02_measure import check_worst_fit_experiment  # noqa: F401
 from .ch03_measure import check_free_rule_experiment  # noqa: F401
+from .ch04_measure import check_whole_row_experiment  # noqa: F401

@@ -66,7 +66,7 @@ def _model(rows, width, steps, *, start="tail", update=True, whole=False, early=
                 answers.append(REFUSED)
                 continue
             cells[row][s:end] = ids
-            cols = range(width) if whole else range(s, end)
+            cols = range(width) if whole == "width" else range(end) if whole == "live" else range(s, end)
             staged.update((row, c) for c in cols)
             if update:
                 lengths[row] = end
@@ -88,7 +88,11 @@ STAGED_MISTAKES = [
     Mistake("the whole row staged", "only the entries that changed are "
             "staged: a decode step appends one id, and sending the row's "
             "every column is the copy staged writes exist to avoid",
-            lambda r, w, s: _model(r, w, s, whole=True)),
+            lambda r, w, s: _model(r, w, s, whole="width")),
+    Mistake("the row's blocks restaged", "stage only the new ids, from where "
+            "they start: the row's older blocks are already on the device, and "
+            "restaging them copies the whole row every time a block is added",
+            lambda r, w, s: _model(r, w, s, whole="live")),
     Mistake("a refused append changed the row length", "check that the ids "
             "fit before changing anything: a refused call leaves num_blocks "
             "and the staged writes as they were",
@@ -285,3 +289,17 @@ def check_staged_append(fn, cases: int = 80, seed: int = 0, timeout: float = 20.
 
 
 catalogue(check_staged_append, STAGED_MISTAKES, [DIRECT, APPLIED])
+
+
+def replay_model(rows: int, width: int, steps, **rule):
+    """The oracle's snapshots ``(cells, lengths, copied, answers)`` after each step, under one rule.
+
+    ``rule`` is one of ``_model``'s keywords (``whole="live"``: every append
+    restages the row's live blocks from column 0). For other checkers.
+    """
+    return _model(rows, width, steps, **rule)
+
+
+def replay_learner(fn, rows: int, width: int, steps):
+    """The learner's ``append`` replayed as the worker calls it: ``(snapshots, early mistake)``."""
+    return _learner(fn, rows, width, steps)

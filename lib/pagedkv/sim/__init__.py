@@ -17,6 +17,8 @@ it:
 - ``scheduler_sim``: a scheduler model on ``PagedKV`` (chapter 6);
 - ``prefix_pressure``: a multi-tenant chat trace served on a
   ``KVCacheManager`` (or a subclass), prefix hits counted (exercise 3);
+- ``table_writes``: a trace's block-table writes through any ``append``
+  function, cells copied to the device counted (exercise 4);
 - ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by
   the real manager, block table and slot mapping, ready for one attention
   launch.
@@ -47,6 +49,7 @@ _EXPORTS = {
     **dict.fromkeys(["PagedKV", "format_pool", "TailWaste", "tail_waste"], "paged_kv"),
     **dict.fromkeys(["SimRequest", "SchedulerSimResult", "SchedulerSim", "demo_scheduler"], "scheduler_sim"),
     **dict.fromkeys(["PressureWorkload", "PRESSURE_WORKLOAD", "Served", "serve"], "prefix_pressure"),
+    **dict.fromkeys(["TableWorkload", "TABLE_WORKLOAD", "replay_table_writes"], "table_writes"),
 }
 
 
