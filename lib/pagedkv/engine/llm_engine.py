@@ -108,7 +108,10 @@ class LLMEngine:
         scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler  # vLLM's get_scheduler_cls
         self.scheduler = scheduler_cls(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_model_len, args.enable_chunked_prefill, allocate_with_preemption,
-                                   scheduler_reserve_full_isl=args.scheduler_reserve_full_isl)
+                                   scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+                                   long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                   long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
+                                   policy=args.scheduling_policy)
         self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
                              self.kernel_backend)
         self.block_tables = self.worker.block_tables
@@ -128,7 +131,7 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt, max_tokens: int = 16, ignore_eos: bool = False,
-                    sampling_params: SamplingParams | None = None) -> None:
+                    sampling_params: SamplingParams | None = None, priority: int = 0) -> None:
         """Queue a request. Bad input raises (TypeError/ValueError) and leaves the engine untouched.
 
         ``prompt``: token ids, or text when the engine has a tokenizer. The
@@ -139,14 +142,17 @@ class LLMEngine:
         ``sampling_params.n > 1`` the request becomes n child requests
         ``"{i}_{request_id}"`` (``parallel_sampling``); ``step()`` reports
         them as one output under ``request_id`` once all have finished.
+        ``priority`` (vLLM's) orders the queue under
+        ``EngineArgs(scheduling_policy="priority")``: smaller first.
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+        check_int(priority, "priority")
         token_ids, params = self._prepare(prompt, sampling_params, max_tokens, ignore_eos)
         taken = self._ids_taken(request_id, params.n)
         if taken:
             raise ValueError(f"request id {taken[0]!r} is already in use by an unfinished request")
-        self._enqueue(request_id, token_ids, params)
+        self._enqueue(request_id, token_ids, params, priority)
 
     def _prepare(self, prompt, sampling_params, max_tokens, ignore_eos) -> tuple[list[int], SamplingParams]:
         """One prompt's token ids (text is encoded) and parameters, every check passed: ``(token_ids, params)``.
@@ -188,7 +194,7 @@ class LLMEngine:
                              f"{self.max_model_len} minus a {len(token_ids)}-token prompt), got {params.min_tokens}")
         return token_ids, params
 
-    def _enqueue(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+    def _enqueue(self, request_id: str, token_ids: list[int], params: SamplingParams, priority: int = 0) -> None:
         """Queue a prepared request (its n children for n > 1) under a free id.
 
         An engine that has gone idle owing its idle step (every request
@@ -205,7 +211,7 @@ class LLMEngine:
         requests = [EngineRequest(rid, token_ids, self.max_model_len, eos_token_ids=self.eos_token_ids,
                                   arrival=next(self._arrivals), hash_block_size=self.kv_cache_manager.hash_block_size,
                                   sampling_params=params if parent is None else parent.child_params(i),
-                                  seed=self._seeds.getrandbits(63), detokenize=detokenize)
+                                  seed=self._seeds.getrandbits(63), detokenize=detokenize, priority=priority)
                     for i, rid in enumerate(ids)]
         for request in requests:
             self.scheduler.add_request(request)
