@@ -96,7 +96,7 @@ def test_the_paged_layout_draws_a_row_per_request_and_group():
     assert rows == {"A g0": coord.get_block_ids("A")[0], "A g1": coord.get_block_ids("A")[1]}
     assert layout.block(0).state == "null"
     html = render_paged_layout(coord, [a])
-    assert "A g0" in html and "A g1" in html
+    assert "A g0" in html and "A g1" in html and "2 group rows, blocks of 4 tokens" in html
 
 
 def test_groups_of_different_block_sizes_are_refused_by_the_layout():

@@ -341,8 +341,10 @@ def _legend(y: int) -> tuple[str, int]:
 
 
 def _summary(layout: PagedLayout, pool_rows_drawn: int) -> str:
-    n = len(layout.requests)
-    s = f"{n} request{'s' if n != 1 else ''}, blocks of {layout.block_size} tokens"
+    n = len(layout.requests)  # rows named "A g1" come from a coordinator: one per request and group
+    kind = "group row" if n and all(" g" in r.name and r.name.rsplit(" g", 1)[1].isdigit()
+                                    for r in layout.requests) else "request"
+    s = f"{n} {kind}{'s' if n != 1 else ''}, blocks of {layout.block_size} tokens"
     if layout.num_pool_blocks is not None:
         free = sum(p.state in ("free", "cached") for p in layout.physical)
         s += f"; pool of {layout.num_pool_blocks} blocks, {free} free"
