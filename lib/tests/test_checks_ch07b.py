@@ -602,19 +602,21 @@ def test_diagnoses_name_the_invariant_not_the_line():
             assert not [c for c in CODE if c in m.fix], (n, m.name, m.fix)
 
 
-def test_hints_come_in_three_levels_and_the_skeleton_is_never_the_body():
+def test_hints_come_in_three_levels_and_hint_3_is_the_idea_never_the_loop():
     cells = json.loads(EXERCISE.read_text())["cells"]
     hints = ["".join(c["source"]) for c in cells if "".join(c["source"]).startswith("<details>\n<summary>Hint 1")]
-    assert len(hints) == 12  # the eleven puzzles and the prediction
-    for n, text in enumerate(hints[:7] + hints[8:], start=1):  # hints[7] is the prediction's
+    assert len(hints) == 13  # the eleven puzzles, the prediction and the planted bug
+    puzzle_hints = [h for h in hints if "Hint 3" in h and "windows" not in h]  # not the planted bug's
+    assert len(puzzle_hints) == 11
+    for n, text in enumerate(puzzle_hints, start=1):
         assert "Hint 1 (a nudge)" in text and "Hint 2 (a pointer)" in text, n
-        assert "Hint 3 (a partial skeleton)" in text, n
-        skeleton = text.split("Hint 3 (a partial skeleton)")[1].split("```python\n")[1].split("```")[0]
-        assert "..." in skeleton, n  # something is always left to write
-        body = _source(SOLUTION, n).split("def ")[1]  # the kernel's own lines
-        kernel = [ln.strip() for ln in body.splitlines()[1:] if ln.strip() and not ln.strip().startswith("#")]
-        given = [ln.strip() for ln in skeleton.splitlines()]
-        assert sum(ln in given for ln in kernel) <= len(kernel) // 2, n
+        assert "Hint 3 (the idea and the invariant)" in text, n
+        third = text.split("Hint 3 (the idea and the invariant)")[1]
+        assert "```" not in third and "invariant" in third, n  # prose: no loop's shape to transcribe
+    for n in NAMES:  # no hint holds a line of a solution's kernel
+        kernel = {ln.strip() for ln in _source(SOLUTION, n).split("def ")[1].splitlines()[1:]
+                  if len(ln.strip()) > 12 and not ln.strip().startswith("#")}
+        assert not [ln for h in hints for ln in kernel if ln in h], n
 
 
 def test_with_the_probes_as_compiled_the_solutions_pass_and_the_grid_and_dtypes_still_tell(monkeypatch):
