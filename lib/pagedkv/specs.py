@@ -398,9 +398,8 @@ def layer_kinds(config) -> list[str]:
     if c.get("num_hidden_layers") is None:
         raise ValueError("config.json lacks 'num_hidden_layers'")
     n = check_int(c["num_hidden_layers"], "config.json num_hidden_layers", 1)
-    aliases = {"sliding_window": "sliding_attention", "chunked_attention": "chunked_attention",
-               "linear_attention": "linear_attention", "full_attention": "full_attention",
-               "sliding_attention": "sliding_attention"}
+    aliases = {"full_attention": "full_attention", "sliding_attention": "sliding_attention",
+               "chunked_attention": "chunked_attention", "linear_attention": "linear_attention"}
     if "kv_lora_rank" in c:
         kinds = ["mla"] * n
     elif c.get("layer_types"):
