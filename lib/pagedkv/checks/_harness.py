@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 PASS, FAIL = "\u2705", "\u274c"  # the two marks a reader scans for
+NOT_RUN = "\u2796"  # a property this machine cannot test: neither held nor failed
 COLUMN = 79  # characters in a line of the book's column
 
 
@@ -60,6 +61,15 @@ class CheckTimeout(BaseException):
     """
 
 
+class NotRun(Exception):
+    """Raised by a property's body that cannot run here (its reason is the message).
+
+    The line shows ``NOT_RUN`` and the reason, never a green tick: a check
+    that did not run proves nothing. The report stays truthy when every
+    property that ran holds, and its summary counts the ones not run.
+    """
+
+
 class WrongAnswer(AssertionError):
     """A wrong answer, with the common mistake it points to (or ``None``)."""
 
@@ -77,8 +87,12 @@ class PropertyResult:
     name: str
     passed: bool
     detail: str = ""
+    #: Not run on this machine (``passed`` is then True: nothing failed).
+    skipped: bool = False
 
     def line(self) -> str:
+        if self.skipped:
+            return fit_column(f"{NOT_RUN} {self.name} -- not run here: {self.detail}")
         mark = PASS if self.passed else FAIL
         return fit_column(f"{mark} {self.name}" + ("" if self.passed else f" -- {self.detail}"))
 
@@ -102,8 +116,11 @@ class CheckReport:
     def summary(self) -> str:
         if self.stub:
             return f"{self.title}: not implemented yet"
-        n_ok = sum(r.passed for r in self.results)
-        return f"{self.title}: {n_ok}/{len(self.results)} properties hold"
+        ran = [r for r in self.results if not r.skipped]
+        n_ok = sum(r.passed for r in ran)
+        not_run = len(self.results) - len(ran)
+        return (f"{self.title}: {n_ok}/{len(ran)} properties hold"
+                + (f", {not_run} not run here" if not_run else ""))
 
     def __str__(self) -> str:
         if self.stub:
@@ -310,6 +327,8 @@ class Checker:
             with _time_limit(self.timeout):
                 body()
             result = PropertyResult(name, True)
+        except NotRun as exc:  # honest: neither a tick nor a cross
+            result = PropertyResult(name, True, str(exc), skipped=True)
         except (Exception, CheckTimeout) as exc:  # noqa: BLE001 -- every learner bug becomes a red line
             detail = _describe(exc)
             if isinstance(exc, CheckTimeout):

@@ -1,0 +1,145 @@
+"""Exercise 7 part 2's find-the-bug (the merge) and modify-and-measure (the split count) tasks: the answers pass, first attempts are named.
+
+The buggy kernels and their wrappers are the ones the exercise notebooks
+build, the fixes the ones the solution notebooks show; a plausible first
+attempt is a fix or a report a newcomer writes before stepping through the
+kernel, and each must fail with a line naming what it got wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import pagedkv  # noqa: F401  -- fixes the Triton mode before the notebooks' kernels are defined
+from pagedkv.checks import ch07_find_bug, ch07_split_measure
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cell(notebook: str, marker: str) -> str:
+    cells = json.loads((ROOT / notebook).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and marker in "".join(c["source"]))
+
+
+def _module(src: str, tag: str):
+    path = Path(tempfile.mkdtemp()) / f"_find_bug_{tag}.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def failures(report) -> dict:
+    return {r.name: r.detail for r in report.results if not r.passed}
+
+
+# ------------------------------------------------------------------ 7: the merge
+MERGE_FOUND = "found: the first wrong request and the first wrong variable"
+MERGE_FIX = "the fixed merge equals attention (three batches, 3 to 8 splits)"
+
+
+def _merge(old: str = "", new: str = "", tag: str = "m"):
+    src = _cell("exercises/07_paged_attention.ipynb", "def merge_kernel(").replace(
+        "from pagedkv.checks import ch07_find_bug as find_bug\n", "").replace(
+        "from pagedkv.checks.ch07b_find_bug import interpreted\n", "")
+    fix = _cell("solutions/07_paged_attention.ipynb", "def merge_fixed_kernel(")
+    if old:
+        assert old in fix
+        fix = fix.replace(old, new)
+    m = _module(src + "\n\n" + fix, tag)
+    return m, (lambda p, lse2: m.merge(p, lse2, kernel=m.merge_fixed_kernel))
+
+
+def test_the_planted_merge_bug_is_wrong_for_the_long_request_only():
+    case = ch07_find_bug.merge_case()
+    m, fixed = _merge()
+    got = m.merge(case["partials"], case["lse2"]).cpu()
+    right = [torch.allclose(got[r], case["want"][r], atol=1e-4) for r in range(3)]
+    assert right == [True, False, True]
+    assert ch07_find_bug.wrong_requests(case) == [1]
+    report = ch07_find_bug.check_merge_bug({"request": 1, "variable": "w"}, fixed)
+    assert report, failures(report)
+
+
+@pytest.mark.parametrize("found, words", [
+    ({"request": 0, "variable": "w"}, "is merged right"),  # the first request, unchecked
+    ({"request": 1, "variable": "lse"}, "holds the right values"),  # blaming the split kernel
+    ({"request": 1, "variable": "total"}, "holds the right values"),  # the division, downstream
+])
+def test_first_merge_localisations_are_named(found, words):
+    _, fixed = _merge()
+    failed = failures(ch07_find_bug.check_merge_bug(found, fixed))
+    assert list(failed) == [MERGE_FOUND] and words in failed[MERGE_FOUND]
+
+
+def test_first_merge_fixes_are_rejected():
+    # natural log kept, the max's subtraction dropped
+    _, fix = _merge("w = tl.exp2(lse - m)", "w = tl.exp(lse)", "nomax")
+    assert MERGE_FIX in failures(ch07_find_bug.check_merge_bug({"request": 1, "variable": "w"}, fix))
+    # equal weights: "the splits are the same size"
+    _, fix = _merge("w = tl.exp2(lse - m)", "w = tl.where(lse > float('-inf'), 1.0, 0.0)", "equal")
+    assert MERGE_FIX in failures(ch07_find_bug.check_merge_bug({"request": 1, "variable": "w"}, fix))
+
+
+# ------------------------------------------------------------------ 7: the split count, measured
+PREDICTION = "your prediction matches the measurement, figure by figure"
+
+
+def _policy(p):
+    return lambda seq_lens, num_kv_heads: p
+
+
+def test_the_measurement_follows_the_split_count():
+    one, four = ch07_split_measure.measure_splits(1), ch07_split_measure.measure_splits(4)
+    assert one["right"] and four["right"]
+    assert one["extra_bytes"] == 0 and one["empty_programs"] == 0
+    assert four["kv_bytes"] == one["kv_bytes"] == 247 * 2 * 32 * 4 * 2  # every key once
+    # segments of 64 keys (TILE_N): 200 fills four, 40 and 7 one each: 6 empty, for each of 2 KV heads
+    assert four["programs"] == 3 * 2 * 4 and four["empty_programs"] == (3 + 3) * 2
+    assert four["extra_bytes"] > 0
+
+
+def test_the_solution_prediction_passes():
+    src = _cell("solutions/07_paged_attention.ipynb", "def num_splits_for(")
+    ns: dict = {}
+    exec(src, ns)  # noqa: S102 -- the solution notebook's own cell
+    report = ch07_split_measure.check_split_policy(ns["num_splits_for"], ns["predicted"])
+    assert report, failures(report)
+
+
+@pytest.mark.parametrize("change, words", [  # each a newcomer's first prediction
+    (dict(programs=4 * 2), "the grid's axes"),  # splits x KV heads, the requests forgotten
+    (dict(empty_programs=6), "one empty program per KV head"),  # empty segments counted once
+    (dict(kv_bytes=4 * 126_464), "K/V read once"),  # each split reads all the keys
+    (dict(extra_bytes=0), "the partials' round trip"),  # splitting is free
+    (dict(extra_bytes=2 * 4 * 3_168), "q read by every split"),  # the query re-reads forgotten
+])
+def test_first_predictions_are_named(change, words):
+    right = {k: ch07_split_measure.measure_splits(4)[k] for k in ch07_split_measure.KEYS}
+    predicted = dict(right, **change)
+    failed = failures(ch07_split_measure.check_split_policy(_policy(4), predicted))
+    assert list(failed) == [PREDICTION], failed
+    assert words in failed[PREDICTION], failed[PREDICTION]
+
+
+def test_segments_not_rounded_to_tiles_are_named():
+    # cdiv(seq_len, 4) keys a segment, not rounded to whole tiles: no segment is empty (40 -> 4 x 10,
+    # 7 -> 2, 2, 2, 1); the kernel's segments of 64 keys leave 3 of 40's and 3 of 7's empty
+    right = {k: ch07_split_measure.measure_splits(4)[k] for k in ch07_split_measure.KEYS}
+    failed = failures(ch07_split_measure.check_split_policy(_policy(4), dict(right, empty_programs=0)))
+    assert "segments of whole tiles" in failed[PREDICTION], failed
+
+
+def test_a_policy_out_of_range_is_refused():
+    failed = failures(ch07_split_measure.check_split_policy(_policy(0), None))
+    assert "an int from 1 to 64" in failed["your policy gives a split count the library takes"]
+    with pytest.raises(ValueError, match="num_splits must be an int from 1 to 64, got 0"):
+        ch07_split_measure.measure_splits(0)
