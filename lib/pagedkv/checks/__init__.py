@@ -29,3 +29,4 @@ from ._harness import print_mistakes  # noqa: F401
 from .ch02_measure import check_worst_fit_experiment  # noqa: F401
 from .ch03_measure import check_free_rule_experiment  # noqa: F401
 from .ch04_measure import check_whole_row_experiment  # noqa: F401
+from .ch05_measure import check_pow2_padding_experiment  # noqa: F401

@@ -19,6 +19,8 @@ it:
   ``KVCacheManager`` (or a subclass), prefix hits counted (exercise 3);
 - ``table_writes``: a trace's block-table writes through any ``append``
   function, cells copied to the device counted (exercise 4);
+- ``step_padding``: steps padded to captured CUDA-graph sizes under any
+  padding function, and their slot mappings (exercise 5);
 - ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by
   the real manager, block table and slot mapping, ready for one attention
   launch.
@@ -50,6 +52,8 @@ _EXPORTS = {
     **dict.fromkeys(["SimRequest", "SchedulerSimResult", "SchedulerSim", "demo_scheduler"], "scheduler_sim"),
     **dict.fromkeys(["PressureWorkload", "PRESSURE_WORKLOAD", "Served", "serve"], "prefix_pressure"),
     **dict.fromkeys(["TableWorkload", "TABLE_WORKLOAD", "replay_table_writes"], "table_writes"),
+    **dict.fromkeys(["vllm_capture_sizes", "pad_vllm", "padded_slot_mappings", "decode_batch_sizes"],
+                    "step_padding"),
 }
 
 
