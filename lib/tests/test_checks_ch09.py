@@ -225,3 +225,33 @@ def test_each_weak_design_fails_the_property_it_misses(design, failing, words):
     report = hh.check_trap_design(design)
     assert not report
     assert verdicts(report)[failing] is False and words in text(report)
+
+
+# ------------------------------------------------------------- planted bug
+from pagedkv.checks import ch09_planted as cp  # noqa: E402
+
+
+def test_the_library_order_passes():
+    report = cp.check_decode_step(cp.reference_decode_step)
+    assert report and all(verdicts(report))
+
+
+def test_the_solution_notebooks_fix_passes():
+    def decode_step(coord, request, token):
+        coord.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
+        request.append_output_token_ids(token)
+        coord.allocate_new_blocks(request.request_id, request.num_tokens)
+        request.num_computed_tokens = request.num_tokens
+
+    assert cp.check_decode_step(decode_step)
+
+
+@pytest.mark.parametrize("mistake", cp.DECODE_MISTAKES, ids=lambda m: m.name)
+def test_the_planted_bug_and_each_wrong_fix_are_named(mistake):
+    report = cp.check_decode_step(mistake.model)
+    assert not report and f"Diagnosis: {mistake.name}" in text(report)
+
+
+def test_the_planted_bug_frees_a_block_its_own_step_reads():
+    report = cp.check_decode_step(cp.DECODE_MISTAKES[0].model)
+    assert "is already the null block" in text(report)
