@@ -19,7 +19,10 @@ keeps it in four modules, one concept each, which chapter 7 prints in turn:
 Every wrapper validates before launching (see ``pagedkv.kernels``): a block id
 out of range is an ``IndexError`` naming the request and the column. Table
 columns past a request's ``seq_len`` are never read, so they may hold
-anything, as in vLLM. The names of the other three modules are re-exported
+anything, as in vLLM. With ``sliding_window=W`` (a sliding-window layer)
+query ``p`` sees keys ``p - W + 1 .. p``, and the columns wholly before the
+first query's window are never read either: a sliding-window group puts the
+null block there in place of the blocks it has released. The names of the other three modules are re-exported
 here.
 """
 
@@ -31,7 +34,7 @@ from dataclasses import replace
 import torch
 
 from .._device import require_kernel_device
-from ..common import cdiv
+from ..common import cdiv, check_int
 from .attention_kernel import kernel_launches
 from .attention_merge import merge_partials_ref
 from .attention_plan import AttentionPlan, plan_attention, split_segments, work_list
@@ -58,6 +61,7 @@ __all__ = [
     "kernel_launches",
     "validated_plan",
     "launch_planned",
+    "first_columns",
 ]
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,7 +74,7 @@ HEAD_DIMS = tuple(range(16, 257, 8))
 
 # ----------------------------------------------------------------- validation
 
-def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
+def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=None):
     """Check everything the kernel trusts; return host copies of the metadata.
 
     Returns ``(seq_lens, query_start_loc)`` as Python lists (the launch needs the
@@ -78,7 +82,18 @@ def _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
     the metadata's values: the lengths and every block id a request will read.
     """
     _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
-    return _validate_metadata(q.shape[0], key_cache.shape, block_table, seq_lens, query_start_loc)
+    if sliding_window is not None:
+        check_int(sliding_window, "sliding_window", 1)
+    return _validate_metadata(q.shape[0], key_cache.shape, block_table, seq_lens, query_start_loc,
+                              sliding_window)
+
+
+def first_columns(seq_lens, q_lens, block_size: int, sliding_window: int | None) -> list[int]:
+    """Each request's first table column that attention reads: 0, or with a window the
+    column of its first query's first key, ``max(0, seq_len - q_len - W + 1) // block_size``."""
+    if sliding_window is None:
+        return [0] * len(seq_lens)
+    return [max(0, n - q - sliding_window + 1) // block_size for n, q in zip(seq_lens, q_lens)]
 
 
 def _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale):
@@ -127,7 +142,7 @@ def _validate_tensors(q, key_cache, value_cache, block_table, seq_lens, query_st
         raise TypeError(f"scale must be a finite float, got {scale!r}")
 
 
-def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_start_loc):
+def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_start_loc, sliding_window=None):
     """The metadata's values: monotone query starts, lengths that fit the table, valid block ids."""
     num_blocks, block_size = cache_shape[0], cache_shape[1]
     num_reqs = block_table.shape[0]
@@ -152,8 +167,11 @@ def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_sta
                          f"but block_table has only {block_table.shape[1]} columns")
     # Only the columns each request will read must hold valid block ids.
     if num_reqs:
+        first = first_columns(lens, [b - a for a, b in zip(qsl, qsl[1:])], block_size, sliding_window)
         cols = torch.arange(block_table.shape[1], device=block_table.device)
         used = cols[None, :] < torch.tensor(needed, device=block_table.device)[:, None]
+        if sliding_window is not None:
+            used &= cols[None, :] >= torch.tensor(first, device=block_table.device)[:, None]
         bad = used & ((block_table < 0) | (block_table >= num_blocks))
         if bool(bad.any()):
             r, c = (int(x) for x in bad.nonzero()[0])
@@ -166,7 +184,7 @@ def _validate_metadata(num_tokens, cache_shape, block_table, seq_lens, query_sta
 # ----------------------------------------------------------------- entry points
 
 def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                    *, num_splits=None):
+                    *, num_splits=None, sliding_window=None):
     """Causal attention of this step's queries over the paged KV cache, in one launch.
 
     Args:
@@ -181,28 +199,35 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
             a request with no new tokens this step produces nothing.
         scale: the softmax scale, usually ``head_dim ** -0.5``.
         num_splits: KV segments per query tile (split-KV); ``None`` chooses.
+        sliding_window: ``None`` (full attention) or ``W >= 1``: query ``p``
+            sees keys ``p - W + 1 .. p``; row ``r``'s columns before
+            ``first_columns(...)[r]`` are never read (they may hold the null
+            block or anything else).
 
     Returns a tensor with q's shape, dtype and device. Raises ``TypeError``,
     ``ValueError`` or ``IndexError`` naming the bad value before any launch.
     """
     plan = validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                          num_splits=num_splits)
+                          num_splits=num_splits, sliding_window=sliding_window)
     return launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
 
 
 def validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                   *, num_splits=None) -> AttentionPlan:
+                   *, num_splits=None, sliding_window=None) -> AttentionPlan:
     """Validate one layer's call and plan its launch, without launching.
 
     A model step calls attention once per layer with the same metadata and
     caches of the same shape (``Model.allocate_kv_cache`` makes them so), so
     one validation and one plan hold for every layer; ``launch_planned``
     then launches each layer without the host round trips validation costs.
+    The plan carries ``sliding_window``, so the launch applies it.
     """
-    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                          sliding_window)
     require_kernel_device(q, "q")
     plan = plan_attention(q.shape[1], key_cache.shape[2], [b - a for a, b in zip(qsl, qsl[1:])], lens,
-                          num_splits, head_dim=q.shape[2], dtype=q.dtype, block_size=key_cache.shape[1])
+                          num_splits, head_dim=q.shape[2], dtype=q.dtype, block_size=key_cache.shape[1],
+                          sliding_window=sliding_window)
     return replace(plan, work=plan.work.to(q.device))
 
 
@@ -218,7 +243,7 @@ def launch_planned(plan, q, key_cache, value_cache, block_table, seq_lens, query
 
 
 def attention_partials(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                       *, num_splits):
+                       *, num_splits, sliding_window=None):
     """What the split kernel writes before the merge: ``(partials, lse2)``, both fp32.
 
     ``partials`` is ``[num_splits, num_tokens, num_heads, head_dim]``, each
@@ -233,7 +258,7 @@ def attention_partials(q, key_cache, value_cache, block_table, seq_lens, query_s
         raise ValueError(f"num_splits must be an int of at least 2 (there is nothing to merge "
                          f"otherwise), got {num_splits!r}")
     plan = validated_plan(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                          num_splits=num_splits)
+                          num_splits=num_splits, sliding_window=sliding_window)
     if plan.grid[0] == 0:
         raise ValueError("no request has new tokens: there are no partials")
     out = torch.empty_like(q)
@@ -245,13 +270,15 @@ def attention_partials(q, key_cache, value_cache, block_table, seq_lens, query_s
 
 # ----------------------------------------------------------------- references
 
-def dense_attention_ref(q, key, value, query_start_loc, kv_start_loc, scale):
+def dense_attention_ref(q, key, value, query_start_loc, kv_start_loc, scale, sliding_window=None):
     """Attention on contiguous K/V with PyTorch's ``scaled_dot_product_attention``.
 
     ``key``/``value`` are ``[total_kv_tokens, num_kv_heads, head_dim]``, request
     ``r``'s keys at rows ``kv_start_loc[r]:kv_start_loc[r + 1]``; its queries
-    are the last of them (causal, aligned to the end). Computed in fp32 and
-    returned in q's dtype. This is the un-paged baseline the kernel must equal.
+    are the last of them (causal, aligned to the end). With
+    ``sliding_window=W`` query ``i`` also sees no key ``W`` or more before
+    itself. Computed in fp32 and returned in q's dtype. This is the un-paged
+    baseline the kernel must equal.
     """
     out = torch.empty_like(q)
     group = q.shape[1] // key.shape[1]
@@ -265,31 +292,38 @@ def dense_attention_ref(q, key, value, query_start_loc, kv_start_loc, scale):
         vr = value[ksl[r]:ksl[r + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)
         # Query i sits at position kv_len - q_len + i and sees keys up to it.
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+        if sliding_window is not None:  # and keys j > i + kv_len - q_len - W
+            mask = mask.triu(kv_len - q_len - sliding_window + 1)
         o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=scale)
         out[qsl[r]:qsl[r + 1]] = o.transpose(0, 1).to(q.dtype)
     return out
 
 
 def paged_attention_ref(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
-                        *, num_splits=None):
+                        *, num_splits=None, sliding_window=None):
     """The kernel's reference: gather each request's K/V through its table row, then dense attention.
 
     Same signature and validation as ``paged_attention``; ``num_splits`` is
     accepted and ignored (splitting changes the order of sums, not the result).
+    With a window, the gather starts at the request's first column read
+    (``first_columns``), so the null block before it is never touched either.
     """
-    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale)
+    lens, qsl = _validate(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale,
+                          sliding_window)
     if num_splits is not None:
         plan_attention(q.shape[1], key_cache.shape[2], [1], [1], num_splits)  # same argument check
     block_size = key_cache.shape[1]
+    first = first_columns(lens, [b - a for a, b in zip(qsl, qsl[1:])], block_size, sliding_window)
     keys, values, kv_start = [], [], [0]
     for r, n in enumerate(lens):
-        ids = block_table[r, : cdiv(n, block_size)].long()
+        ids = block_table[r, first[r]: cdiv(n, block_size)].long()
+        n -= first[r] * block_size  # the keys from the first column read on: the same mask, shifted
         keys.append(key_cache[ids].flatten(0, 1)[:n])
         values.append(value_cache[ids].flatten(0, 1)[:n])
         kv_start.append(kv_start[-1] + n)
     if not keys:
         return torch.empty_like(q)
-    return dense_attention_ref(q, torch.cat(keys), torch.cat(values), qsl, kv_start, scale)
+    return dense_attention_ref(q, torch.cat(keys), torch.cat(values), qsl, kv_start, scale, sliding_window)
 
 
 def paginate(keys, values, block_size, num_blocks=None, *, seed=0, unused=-1):

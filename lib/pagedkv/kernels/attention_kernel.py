@@ -21,6 +21,13 @@ What one program does (``attention_plan`` chooses the shapes):
   why block size 1 (SGLang's token-level table) and 128 use the same kernel;
 * scores, an online softmax in fp32 and base 2 (running max ``m``, running
   sum ``l``, rescaled accumulator), and the causal mask;
+* with a sliding window ``W`` (``SLIDING``), query ``p`` sees keys
+  ``p - W + 1 .. p`` only: the walk starts at the tile's first query's
+  window, ``ctx_len + first - W + 1``, so the table columns before it are
+  never read. A sliding-window group puts the null block there in place of
+  the blocks it released (they may hold anything, another group's data
+  included); the ids from that column on are the request's own blocks,
+  since a request keeps every block from its first query's window on;
 * without splits it stores ``acc / l``; with splits, its segment's partial
   and log-sum-exp, which ``attention_merge`` combines.
 
@@ -44,7 +51,7 @@ into ints in a way numpy 2.4 refuses); Triton 3.7 has no such limit.
 
 The kernel trusts its arguments: ``attention.validated_plan`` checks them
 first. Table columns past a request's ``seq_len`` are never read, so they
-may hold anything.
+may hold anything; with a window, neither are those before it.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ __all__ = ["kernel_launches"]
 # The integers that change from step to step are not specialised (Triton would
 # compile a kernel for 1, for multiples of 16 and for the rest): a serving run
 # compiles one kernel per configuration, whatever its batch or split count.
-@triton.jit(do_not_specialize=["num_tokens", "max_blocks", "num_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "max_blocks", "num_splits", "sliding_window"])
 def _paged_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM], contiguous
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, HEAD_DIM], contiguous
@@ -81,6 +88,7 @@ def _paged_attention_kernel(
     num_kv_heads,
     max_blocks,
     num_splits,  # KV segments per query tile: a runtime value, one kernel serves every count
+    sliding_window,  # SLIDING: keys a query sees, itself included; ignored otherwise
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block: a constant divisor, no emulated division
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,  # the model's head_dim (a multiple of 8)
@@ -90,6 +98,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,  # key positions per inner iteration
     SPLIT: tl.constexpr,  # num_splits > 1: write partials and lse for the merge
     FP32_DOT: tl.constexpr,  # dot in fp32 (interpreter, or fp32 inputs)
+    SLIDING: tl.constexpr,  # a sliding-window layer: keys older than the window are masked
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -121,8 +130,13 @@ def _paged_attention_kernel(
     # Keys this tile may see end after its last token; split-KV cuts them
     # into num_splits segments of whole tiles.
     kv_end = ctx_len + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)
-    seg = tl.cdiv(tl.cdiv(kv_end, num_splits), TILE_N) * TILE_N
-    kv_lo = split * seg
+    if SLIDING:  # keys before the first query's window: no row sees them, none is read
+        kv_start = tl.maximum(ctx_len + q_tile * BLOCK_Q - sliding_window + 1, 0)
+        seg = tl.cdiv(tl.cdiv(kv_end - kv_start, num_splits), TILE_N) * TILE_N
+        kv_lo = kv_start + split * seg
+    else:
+        seg = tl.cdiv(tl.cdiv(kv_end, num_splits), TILE_N) * TILE_N
+        kv_lo = split * seg
     kv_hi = tl.minimum(kv_lo + seg, kv_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -155,6 +169,8 @@ def _paged_attention_kernel(
             s = tl.dot(q, tl.trans(k))
         s = s * scale_log2
         visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
 
         # Online softmax. A row that has seen no visible key yet keeps m = -inf;
@@ -207,11 +223,12 @@ def kernel_launches(plan, q, key_cache, value_cache, block_table, seq_lens, quer
     launches = [(
         _paged_attention_kernel, plan.grid,
         (q, key_cache, value_cache, block_table, seq_lens, query_start_loc, work, part, lse,
-         float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_table.shape[1], splits),
+         float(scale) * math.log2(math.e), num_tokens, num_heads, num_kv_heads, block_table.shape[1], splits,
+         plan.sliding_window or 0),
         dict(BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
              HEAD_DIM_P2=triton.next_power_of_2(head_dim), BLOCK_M=plan.block_m,
              BLOCK_Q=plan.block_q, TILE_N=plan.tile_n, SPLIT=splits > 1, FP32_DOT=fp32_dot,
-             num_warps=plan.num_warps, num_stages=plan.num_stages),
+             SLIDING=plan.sliding_window is not None, num_warps=plan.num_warps, num_stages=plan.num_stages),
     )]
     if splits > 1:
         launches.append(merge_launch(part, lse, out))

@@ -57,6 +57,7 @@ class AttentionPlan:
     num_warps: int = 4  # warps per program
     num_stages: int = 3  # K/V tiles the compiler's pipeliner may keep in flight
     work: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    sliding_window: int | None = None  # keys a query sees (itself included); None: all before it
 
     def work_items(self) -> list[tuple[int, int]]:
         """The work list as (request, query tile) pairs, in launch order."""
@@ -100,11 +101,14 @@ def _num_sms() -> int:
 
 def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_lens: list[int],
                    num_splits: int | None = None, *, head_dim: int = 128,
-                   dtype: torch.dtype = torch.bfloat16, block_size: int = 16) -> AttentionPlan:
+                   dtype: torch.dtype = torch.bfloat16, block_size: int = 16,
+                   sliding_window: int | None = None) -> AttentionPlan:
     """The tiles and grid for one launch; ``num_splits=None`` chooses split-KV (see ``split_rule``).
 
     ``block_size`` is the cache's: a compile-time constant of the kernel, so
     the split rule reads the residency of the kernel compiled for it.
+    ``sliding_window`` (a sliding-window layer's) bounds the keys a tile walks,
+    which the split rule counts.
     """
     group = num_heads // num_kv_heads
     max_q = max(q_lens, default=0)
@@ -131,11 +135,14 @@ def plan_attention(num_heads: int, num_kv_heads: int, q_lens: list[int], seq_len
                 warnings.warn(f"split-KV planning could not read the compiled kernel ({exc!r}); "
                               "assuming one resident program per SM", RuntimeWarning, stacklevel=2)
                 capacity = _num_sms()
-            num_splits = choose_splits(programs, max(seq_lens, default=0), tile_n, capacity)
+            keys = max(seq_lens, default=0)
+            if sliding_window is not None:  # a tile walks its first query's window and its own tokens
+                keys = min(keys, sliding_window + block_q - 1)
+            num_splits = choose_splits(programs, keys, tile_n, capacity)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int from 1 to {MAX_SPLITS} or None, got {num_splits!r}")
     grid = (work.shape[0], num_kv_heads, num_splits)
-    return AttentionPlan(block_m, block_q, tile_n, num_splits, grid, num_warps, num_stages, work)
+    return AttentionPlan(block_m, block_q, tile_n, num_splits, grid, num_warps, num_stages, work, sliding_window)
 
 
 @functools.cache
@@ -163,14 +170,15 @@ def _resident_capacity(dtype, head_dim, group, block_m, tile_n, num_warps, num_s
     return max(1, per_sm) * _num_sms()
 
 
-def split_segments(kv_end: int, num_splits: int, tile_n: int) -> list[tuple[int, int]]:
+def split_segments(kv_end: int, num_splits: int, tile_n: int, kv_start: int = 0) -> list[tuple[int, int]]:
     """The keys ``[lo, hi)`` each split of one query tile walks, as the kernel computes them.
 
     ``kv_end`` is the tile's causal bound (one past the position of its last
-    token). The segment length is ``kv_end / num_splits`` rounded up to whole
-    ``tile_n`` tiles, so the last splits may start at or past ``kv_end``:
-    such a split is empty (``lo >= hi``), walks nothing and weighs nothing in
-    the merge.
+    token); ``kv_start`` its first key, 0 unless a sliding window starts the
+    walk later. The segment length is ``(kv_end - kv_start) / num_splits``
+    rounded up to whole ``tile_n`` tiles, so the last splits may start at or
+    past ``kv_end``: such a split is empty (``lo >= hi``), walks nothing and
+    weighs nothing in the merge.
     """
-    seg = cdiv(cdiv(kv_end, num_splits), tile_n) * tile_n
-    return [(s * seg, min(s * seg + seg, kv_end)) for s in range(num_splits)]
+    seg = cdiv(cdiv(kv_end - kv_start, num_splits), tile_n) * tile_n
+    return [(kv_start + s * seg, min(kv_start + s * seg + seg, kv_end)) for s in range(num_splits)]

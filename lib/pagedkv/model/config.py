@@ -2,6 +2,8 @@
 
 Names follow Hugging Face's ``config.json``; ``from_hf_config`` reads one
 (both RoPE styles) and rejects what the decoder cannot run, naming the key.
+A Qwen2 config may mix sliding-window and full-attention layers
+(``layer_types``, ``sliding_window``), as Gemma 3 and gpt-oss do.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from ..common import check_bool, check_int, check_real
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "MODEL_TYPES", "PRESETS"]
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+#: ``layer_types`` entries the decoder runs.
+LAYER_TYPES = ("full_attention", "sliding_attention")
 _ROPE_TYPES = ("default", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -24,6 +28,13 @@ class ModelConfig:
     "llama3" and that scheme's four parameters. ``attention_bias`` puts a bias
     on q/k/v (Qwen2); a Llama checkpoint with ``attention_bias`` also biases
     o_proj, which ``attention_out_bias`` records.
+
+    ``layer_types`` (None: every layer full attention) names each layer's
+    kind, "full_attention" or "sliding_attention"; a sliding layer's query at
+    position ``p`` sees the ``sliding_window`` keys ``p - sliding_window + 1 ..
+    p``, as transformers' mask and vLLM's kernels do. Only a Qwen2 config may
+    have sliding layers: transformers' Llama has none, so no reference would
+    check them.
     """
 
     vocab_size: int
@@ -42,6 +53,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     architecture: str = "LlamaForCausalLM"
     attention_out_bias: bool = False
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -78,6 +91,35 @@ class ModelConfig:
             low = check_real(s["low_freq_factor"], "rope_scaling.low_freq_factor", minimum=0, open_min=True)
             check_real(s["high_freq_factor"], "rope_scaling.high_freq_factor", minimum=low, open_min=True)
             check_int(s["original_max_position_embeddings"], "rope_scaling.original_max_position_embeddings", 1)
+        self._check_layer_types()
+
+    def _check_layer_types(self) -> None:
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, "ModelConfig.sliding_window", 1)
+        if self.layer_types is None:
+            return
+        if not isinstance(self.layer_types, list):
+            raise TypeError(f"ModelConfig.layer_types must be a list or None, got {self.layer_types!r}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, the model has "
+                             f"num_hidden_layers={self.num_hidden_layers}")
+        for i, kind in enumerate(self.layer_types):
+            if kind not in LAYER_TYPES:
+                raise ValueError(f"layer {i}: layer type {kind!r} is not supported; "
+                                 f"supported: {', '.join(LAYER_TYPES)}")
+        if "sliding_attention" in self.layer_types:
+            i = self.layer_types.index("sliding_attention")
+            if self.sliding_window is None:
+                raise ValueError(f"layer {i} is a sliding_attention layer but sliding_window is None")
+            if self.architecture != "Qwen2ForCausalLM":
+                raise ValueError(f"layer {i}: {self.architecture} has no sliding-window layers in "
+                                 "transformers; a config mixing layer types must be a Qwen2ForCausalLM")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window, or None for a full-attention layer."""
+        kinds = self.layer_types or ["full_attention"] * self.num_hidden_layers
+        return tuple(self.sliding_window if k == "sliding_attention" else None for k in kinds)
 
     @property
     def num_parameters(self) -> int:
@@ -90,12 +132,14 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str) -> "ModelConfig":
-        """A named configuration: "tiny" (about a million parameters, fast on a CPU)
-        or "llama-3-8b" (Llama 3.1 8B's shapes and its llama3 RoPE scaling)."""
+        """A named configuration: "tiny" (about a million parameters, fast on a CPU),
+        "tiny-hybrid" (the same shapes as a Qwen2 mixing sliding-window and full
+        attention) or "llama-3-8b" (Llama 3.1 8B's shapes and its llama3 RoPE scaling)."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
         preset = PRESETS[name]
-        return replace(preset, rope_scaling=preset.rope_scaling and dict(preset.rope_scaling))
+        return replace(preset, rope_scaling=preset.rope_scaling and dict(preset.rope_scaling),
+                       layer_types=preset.layer_types and list(preset.layer_types))
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelConfig":
@@ -112,8 +156,7 @@ class ModelConfig:
             raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported; the MLP is SwiGLU (silu)")
         if config.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported: the MLP projections have no bias")
-        if config.get("use_sliding_window"):
-            raise ValueError("use_sliding_window=True is not supported: every layer attends to the full context")
+        layer_types, window = _layer_types_from_hf(config, arch)
         if arch == "Qwen2ForCausalLM":  # Qwen2 always biases q/k/v, never o_proj
             bias, out_bias = True, False
         else:
@@ -130,7 +173,8 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), attention_bias=bias,
-            eos_token_id=config.get("eos_token_id"), architecture=arch, attention_out_bias=out_bias)
+            eos_token_id=config.get("eos_token_id"), architecture=arch, attention_out_bias=out_bias,
+            layer_types=layer_types, sliding_window=window)
 
 
 #: architecture -> the ``model_type`` a config.json of it carries.
@@ -159,6 +203,37 @@ def _architecture(config: dict) -> str:
     if missing:
         raise ValueError(f"the config lacks {', '.join(missing)} (is it a Llama-family config.json?)")
     return arch
+
+
+def _layer_types_from_hf(config: dict, arch: str) -> tuple[list[str] | None, int | None]:
+    """(layer_types, sliding_window) as transformers' ``Qwen2Config`` resolves them.
+
+    Qwen2's window is on only with ``use_sliding_window``; then the config's
+    ``layer_types`` or, absent, "sliding_attention" from layer
+    ``max_window_layers`` on. Without it every layer is full attention (the
+    hub's Qwen2.5 configs carry a ``sliding_window`` that is off). A Llama
+    config with a window is refused: transformers' Llama would ignore it.
+    """
+    types = config.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise ValueError(f"layer_types must be a list of names, got {types!r}")
+    if arch != "Qwen2ForCausalLM":
+        if config.get("use_sliding_window") or (types and "sliding_attention" in types):
+            raise ValueError(f"{arch} has no sliding-window layers in transformers (use_sliding_window="
+                             f"{config.get('use_sliding_window')!r}, layer_types={types!r}); a config mixing "
+                             "layer types must be a Qwen2ForCausalLM")
+        return None, None
+    if not config.get("use_sliding_window"):
+        if types and "sliding_attention" in types:  # transformers would build a window of None
+            raise ValueError(f"layer_types has sliding_attention layers but use_sliding_window is "
+                             f"{config.get('use_sliding_window')!r}: the window is off")
+        return None, None
+    window = check_int(config.get("sliding_window", 4096), "sliding_window", 1)
+    if types is None:
+        first = check_int(config.get("max_window_layers", 28), "max_window_layers", 0)
+        types = ["sliding_attention" if i >= first else "full_attention"
+                 for i in range(config["num_hidden_layers"])]
+    return list(types), window
 
 
 def _rope_from_hf(config: dict) -> tuple[float, dict | None]:
@@ -198,5 +273,13 @@ PRESETS = {
                               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
                               max_position_embeddings=131072, eos_token_id=128001),
+    # "tiny" as a Qwen2 whose layers mix kinds as Gemma 3 does: sliding-window
+    # layers with full attention every third layer.
+    "tiny-hybrid": ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=6,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                               max_position_embeddings=4096, attention_bias=True,
+                               architecture="Qwen2ForCausalLM",
+                               layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                               sliding_window=16),
 }
 

@@ -21,6 +21,15 @@ Two forward passes share every layer and differ only in attention:
   other two are tested against).
 * ``Model.forward_dense`` is the reference: a ``[batch, seq]`` rectangle with
   ``scaled_dot_product_attention(is_causal=True)`` on contiguous K/V, no cache.
+
+A config may mix kinds of layers (``ModelConfig.layer_types``): a
+sliding-window layer attends to the last ``sliding_window`` positions only.
+Layers of one kind form a KV-cache group with its own block table
+(``pagedkv.kv_cache_spec``): ``Model.kv_cache_spec`` gives each layer's spec,
+``allocate_kv_cache(..., kv_cache_groups)`` lets the groups share tensors, and
+``forward`` takes one ``AttentionMetadata`` per layer
+(``metadata_by_layer``) where the groups' tables differ. A model of one kind
+takes one ``AttentionMetadata`` for every layer, as before.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ from .config import ModelConfig
 from .cpu_linear import PackedLinear, plain_products
 from .paged_attention import AttentionBackend, attention_backend
 from ..common import check_int
+from ..kv_cache_spec import KVCacheGroupSpec, KVCacheSpec, layer_specs_from_types
 
-__all__ = ["AttentionMetadata", "Model", "dense_logits", "rope_inv_freq", "apply_rope", "RMSNorm"]
+__all__ = ["AttentionMetadata", "Model", "dense_logits", "rope_inv_freq", "apply_rope", "RMSNorm",
+           "metadata_by_layer"]
 
 
 @dataclass
@@ -56,6 +67,19 @@ class AttentionMetadata:
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
     seq_lens: torch.Tensor  # int32 [num_reqs], each request's total length after this step
     query_start_loc: torch.Tensor  # int32 [num_reqs + 1], cumulative query lengths
+
+
+def metadata_by_layer(kv_cache_groups: list[KVCacheGroupSpec], metadata: list[AttentionMetadata]
+                      ) -> dict[str, AttentionMetadata]:
+    """``{layer name: its group's metadata}``: what ``Model.forward`` takes when groups' tables differ.
+
+    ``metadata[g]`` holds group ``g``'s block table and slot mapping (the
+    step's ``seq_lens`` and ``query_start_loc`` are every group's). This is
+    vLLM's form: one metadata object per group, named by each of its layers.
+    """
+    if len(metadata) != len(kv_cache_groups):
+        raise ValueError(f"{len(metadata)} AttentionMetadata for {len(kv_cache_groups)} KV-cache groups")
+    return {name: meta for group, meta in zip(kv_cache_groups, metadata) for name in group.layer_names}
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -220,23 +244,69 @@ class Model(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One zeroed (key_cache, value_cache) per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    @property
+    def layer_names(self) -> list[str]:
+        """Each layer's attention, named as vLLM and ``kv_cache_spec`` name it: ``model.layers.N.self_attn``."""
+        return [f"model.layers.{i}.self_attn" for i in range(len(self.layers))]
+
+    def kv_cache_spec(self, block_size: int, max_model_len: int) -> dict[str, KVCacheSpec]:
+        """Each layer's KV-cache spec (full attention or sliding window), by layer name, in the model's dtype.
+
+        ``kv_cache_spec.get_kv_cache_groups`` turns it into the groups; a window
+        longer than ``max_model_len`` is refused there (``ValueError``).
+        """
+        c = self.config
+        return layer_specs_from_types(c.layer_types or ["full_attention"] * len(self.layers), block_size=block_size,
+                                      num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
+                                      max_model_len=max_model_len, sliding_window=c.sliding_window,
+                                      dtype=self.dtype)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          kv_cache_groups: list[KVCacheGroupSpec] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One zeroed (key_cache, value_cache) per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+        Given ``kv_cache_groups``, layers share tensors as vLLM's do: the
+        ``j``-th layer of every group uses tensor pair ``j`` (``KVCacheTensor``'s
+        ``shared_by``). It is safe because the groups draw their blocks from
+        one pool, so a block id belongs to one group at a time, and a layer
+        reads only its own group's blocks. ``len(groups[0].layer_names)``
+        pairs then serve every layer.
+        """
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             check_int(value, name, 1)
         c = self.config
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.layers]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, attn_metadata: AttentionMetadata,
+        def pair():
+            return (torch.zeros(shape, dtype=self.dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.dtype, device=self.device))
+
+        if kv_cache_groups is None:
+            return [pair() for _ in self.layers]
+        names = [n for g in kv_cache_groups for n in g.layer_names]
+        if sorted(names) != sorted(self.layer_names):
+            raise ValueError(f"kv_cache_groups must name every layer once ({len(self.layer_names)} layers), "
+                             f"got {names}")
+        for g, group in enumerate(kv_cache_groups):
+            if group.kv_cache_spec.block_size != block_size:
+                raise ValueError(f"KV-cache group {g} has block_size {group.kv_cache_spec.block_size}, "
+                                 f"the cache is allocated with {block_size}")
+        tensors = [pair() for _ in range(max(len(g.layer_names) for g in kv_cache_groups))]
+        by_name = {n: tensors[j] for g in kv_cache_groups for j, n in enumerate(g.layer_names)}
+        return [by_name[n] for n in self.layer_names]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
+                attn_metadata: AttentionMetadata | dict[str, AttentionMetadata],
                 kernel_backend: str | AttentionBackend = "torch") -> torch.Tensor:
         """One engine step over the concatenated tokens; returns hidden states ``[num_tokens, hidden_size]``.
 
-        The backend checks the step's metadata and plans once; then each layer
-        writes this step's K/V to ``slot_mapping`` before reading the cache, so
-        a token attends to itself and to every earlier token of its request,
-        whichever step computed them.
+        ``attn_metadata``: one ``AttentionMetadata`` for every layer, or one
+        per layer name (``metadata_by_layer``: each KV-cache group's table).
+        The backend checks the metadata and plans once per (metadata, window)
+        before any layer runs; then each layer writes this step's K/V to its
+        ``slot_mapping`` before reading the cache, so a token attends to itself
+        and to every earlier token of its request (a sliding-window layer: the
+        last ``sliding_window``), whichever step computed them.
         """
         backend = attention_backend(kernel_backend)
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
@@ -244,14 +314,28 @@ class Model(nn.Module):
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.layers)} layers")
-        c = self.config  # every layer's caches have one shape: one plan serves them all
-        plan = backend.build(attn_metadata, *kv_caches[0], (input_ids.shape[0], c.num_attention_heads, c.head_dim),
-                             self.scale)
+        c = self.config
+        q_shape = (input_ids.shape[0], c.num_attention_heads, c.head_dim)
+        plans, layer_plans = {}, []  # the layers of one group and one window share a plan
+        for meta, window, caches in zip(self._metadata_per_layer(attn_metadata), c.layer_windows, kv_caches):
+            if (id(meta), window) not in plans:
+                plans[id(meta), window] = backend.build(meta, *caches, q_shape, self.scale, window)
+            layer_plans.append(plans[id(meta), window])
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
-        for layer, (key_cache, value_cache) in zip(self.layers, kv_caches):
+        for layer, plan, (key_cache, value_cache) in zip(self.layers, layer_plans, kv_caches):
             x = layer(x, cos, sin, partial(backend.forward, plan, key_cache, value_cache))
         return self.norm(x)
+
+    def _metadata_per_layer(self, attn_metadata) -> list[AttentionMetadata]:
+        if not isinstance(attn_metadata, dict):
+            return [attn_metadata] * len(self.layers)
+        names = self.layer_names
+        missing, unknown = [n for n in names if n not in attn_metadata], sorted(set(attn_metadata) - set(names))
+        if missing or unknown:
+            raise ValueError(f"attn_metadata must name every layer of the model: missing {missing}, "
+                             f"unknown {unknown}")
+        return [attn_metadata[n] for n in names]
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The reference path: ``[batch, seq]`` token ids (no padding) to hidden ``[batch, seq, hidden_size]``.
@@ -267,16 +351,21 @@ class Model(nn.Module):
             bad = int(input_ids[(input_ids < 0) | (input_ids >= vocab)][0])
             raise ValueError(f"input_ids holds {bad}, which is not a token id of the model (0..{vocab - 1})")
         group = self.config.num_attention_heads // self.config.num_key_value_heads
-        cos, sin = self._rope(torch.arange(input_ids.shape[1], device=input_ids.device), self.dtype)
+        seq = input_ids.shape[1]
+        cos, sin = self._rope(torch.arange(seq, device=input_ids.device), self.dtype)
 
-        def causal(q, k, v):  # [batch, seq, heads, head_dim]; SDPA wants heads before seq
+        def causal(q, k, v, window=None):  # [batch, seq, heads, head_dim]; SDPA wants heads before seq
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale).transpose(1, 2)
+            if window is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale).transpose(1, 2)
+            # query i sees keys i - window + 1 .. i
+            mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril().triu(1 - window)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale).transpose(1, 2)
 
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, causal)
+        for layer, window in zip(self.layers, self.config.layer_windows):
+            x = layer(x, cos, sin, partial(causal, window=window))
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,18 @@ turns the ragged batch into rectangles:
   (a decode-only step is already that shape: one token per request).
 * **Mask.** Query ``i`` of request ``r`` sees keys ``0 .. seq_len - q_len + i``
   (causal within the chunk, everything before it): one boolean tensor.
+* **Window.** A sliding-window layer's plan (``sliding_window=W``) gathers
+  each request's columns from its first query's window on, not from 0, and
+  masks keys ``W`` or more before a query: the null block a sliding-window
+  group leaves in the columns before is never gathered.
 
 Then one ``scaled_dot_product_attention(..., enable_gqa=True)`` per layer:
 the query heads of a group share their KV head without a copy. Padding
 queries see key 0 only (never an empty row) and are dropped afterwards;
-padding keys are masked, so stale blocks in unused table columns are read but
-never weigh. Same numbers as the reference up to summation order.
+padding keys are masked. A row's columns past its own blocks are gathered as
+its last block again (a column index clamped to the row), so nothing outside
+a request's blocks is read: no stale block and no null block. Same numbers as
+the reference up to summation order.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..common import cdiv
+from ..common import check_int
 
 __all__ = ["BatchPlan", "plan_batch", "batched_paged_attention", "StepPlan",
            "AttentionBackend", "TritonBackend", "TorchBackend", "ReferenceBackend", "attention_backend"]
@@ -53,8 +59,12 @@ class BatchPlan:
     write_index: torch.Tensor | None  # int64 positions of those tokens; None: every token writes
 
 
-def plan_batch(meta, num_blocks: int, block_size: int, num_tokens: int) -> BatchPlan:
-    """The step's gather indices, query layout and mask from its ``AttentionMetadata``."""
+def plan_batch(meta, num_blocks: int, block_size: int, num_tokens: int,
+               sliding_window: int | None = None) -> BatchPlan:
+    """The step's gather indices, query layout and mask from its ``AttentionMetadata``.
+
+    ``sliding_window``: None for a full-attention layer, else the keys a query sees (itself included).
+    """
     seq_lens = meta.seq_lens.long()
     qsl = meta.query_start_loc.long()
     num_reqs = seq_lens.shape[0]
@@ -66,14 +76,25 @@ def plan_batch(meta, num_blocks: int, block_size: int, num_tokens: int) -> Batch
         raise ValueError(f"query_start_loc {qsl.tolist()} does not split {num_tokens} tokens into queries "
                          f"no longer than seq_lens {seq_lens.tolist()}")
     max_q = int(q_lens.max()) if num_reqs else 0
-    cols = cdiv(int(seq_lens.max()), block_size) if num_reqs else 0
-    if cols > meta.block_table.shape[1]:
-        raise ValueError(f"seq_lens need {cols} table columns, the block table has {meta.block_table.shape[1]}")
-    block_ids = meta.block_table[:num_reqs, :cols].long().clamp(0, num_blocks - 1)
+    needed = (seq_lens + block_size - 1) // block_size  # columns of each row's blocks
+    if num_reqs and int(needed.max()) > meta.block_table.shape[1]:
+        raise ValueError(f"seq_lens need {int(needed.max())} table columns, the block table has "
+                         f"{meta.block_table.shape[1]}")
     device = seq_lens.device
-    # Query i of request r sees keys j <= seq_len - q_len + i (padding rows: key 0 only).
+    first = torch.zeros_like(seq_lens)  # each row's first column read: 0, or its first query's window
+    if sliding_window is not None:
+        first = (seq_lens - q_lens - check_int(sliding_window, "sliding_window", 1) + 1).clamp(min=0) // block_size
+    cols = int((needed - first).max()) if num_reqs else 0
+    col = first[:, None] + torch.arange(cols, device=device)[None, :]  # [reqs, cols], past a row's end: clamped
+    block_ids = meta.block_table[:num_reqs].long().gather(1, torch.minimum(col, needed[:, None] - 1))
+    block_ids = block_ids.clamp(0, num_blocks - 1)
+    # Query i of request r sees keys j <= seq_len - q_len + i (padding rows: key 0 only),
+    # and with a window j > that - W.
     last = (seq_lens - q_lens)[:, None] + torch.arange(max_q, device=device)[None, :]
-    mask = torch.arange(cols * block_size, device=device)[None, None, :] <= last.clamp(min=0)[:, :, None]
+    key_pos = (col[:, :, None] * block_size + torch.arange(block_size, device=device)).flatten(1)[:, None, :]
+    mask = key_pos <= last.clamp(min=0)[:, :, None]
+    if sliding_window is not None:
+        mask &= key_pos > last[:, :, None] - sliding_window
     query_index = None
     if max_q != 1 or num_tokens != num_reqs:
         req = torch.repeat_interleave(torch.arange(num_reqs, device=device), q_lens)
@@ -108,17 +129,19 @@ def batched_paged_attention(q, key_cache, value_cache, plan: BatchPlan, scale: f
 class StepPlan:
     """What ``AttentionBackend.build`` hands every layer of one step."""
 
-    meta: object  # the step's AttentionMetadata
+    meta: object  # the step's AttentionMetadata (of the layers' KV-cache group)
     scale: float
+    sliding_window: int | None = None  # the layers' window; None: full attention
     attention: object = None  # the backend's own plan (kernels.attention.AttentionPlan, or a BatchPlan)
 
 
 class AttentionBackend:
     """How the model writes and reads the paged cache: chosen once, by ``attention_backend(name)``.
 
-    * ``build(meta, key_cache, value_cache, q_shape, scale) -> plan``, once per
-      step, before the first layer: checks the step's metadata (slot range and
-      uniqueness, block ids, lengths) and plans what every layer shares;
+    * ``build(meta, key_cache, value_cache, q_shape, scale, sliding_window=None)
+      -> plan``, once per step and KV-cache group, before the first layer:
+      checks the metadata (slot range and uniqueness, block ids, lengths) and
+      plans what the group's layers share, their window included;
     * ``forward(plan, key_cache, value_cache, q, k, v) -> out``, every layer:
       writes this step's K/V into their slots (``reshape_and_cache``), then
       attends through the block table (``paged_attention``), with no further
@@ -134,7 +157,7 @@ class AttentionBackend:
     def __init__(self, kernels) -> None:
         self.kernels = kernels  # the pagedkv.kernels package (loaded on first use: it imports Triton)
 
-    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float, sliding_window=None) -> StepPlan:
         raise NotImplementedError
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
@@ -173,13 +196,14 @@ class TritonBackend(AttentionBackend):
 
     name = "triton"
 
-    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float, sliding_window=None) -> StepPlan:
         self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
         # validated_plan reads q's shape, dtype and device only: an empty tensor stands in.
         q = torch.empty(q_shape, dtype=key_cache.dtype, device=key_cache.device)
         attention = self.kernels.attention.validated_plan(q, key_cache, value_cache, meta.block_table,
-                                                          meta.seq_lens, meta.query_start_loc, scale)
-        return StepPlan(meta, scale, attention)
+                                                          meta.seq_lens, meta.query_start_loc, scale,
+                                                          sliding_window=sliding_window)
+        return StepPlan(meta, scale, sliding_window, attention)  # the plan carries the window to the launch
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
         m = plan.meta  # the kernels take dense tensors
@@ -199,9 +223,10 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
 
-    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float, sliding_window=None) -> StepPlan:
         self.kernels.kv_write.check_slot_mapping(meta.slot_mapping, q_shape[0], key_cache)
-        return StepPlan(meta, scale, plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0]))
+        return StepPlan(meta, scale, sliding_window,
+                        plan_batch(meta, key_cache.shape[0], key_cache.shape[1], q_shape[0], sliding_window))
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
         batch = plan.attention
@@ -218,14 +243,14 @@ class ReferenceBackend(AttentionBackend):
 
     name = "torch-ref"
 
-    def build(self, meta, key_cache, value_cache, q_shape, scale: float) -> StepPlan:
-        return StepPlan(meta, scale)  # every layer's reference call checks its own arguments
+    def build(self, meta, key_cache, value_cache, q_shape, scale: float, sliding_window=None) -> StepPlan:
+        return StepPlan(meta, scale, sliding_window)  # every layer's reference call checks its own arguments
 
     def forward(self, plan: StepPlan, key_cache, value_cache, q, k, v) -> torch.Tensor:
         m = plan.meta
         self.kernels.reshape_and_cache_ref(k.contiguous(), v.contiguous(), key_cache, value_cache, m.slot_mapping)
         return self.kernels.paged_attention_ref(q.contiguous(), key_cache, value_cache, m.block_table, m.seq_lens,
-                                                m.query_start_loc, plan.scale)
+                                                m.query_start_loc, plan.scale, sliding_window=plan.sliding_window)
 
 
 _BACKENDS = {b.name: b for b in (TritonBackend, TorchBackend, ReferenceBackend)}

@@ -1,5 +1,9 @@
 """Our model's weights inside transformers' ``LlamaForCausalLM``: the reference to compare against.
 
+A config with sliding-window layers gets ``Qwen2ForCausalLM`` instead, which
+takes ``layer_types`` and ``sliding_window`` (transformers' Llama has no
+window); ``ModelConfig`` allows such layers only in a Qwen2 config.
+
 ``transformers_twin(model)`` builds transformers' own implementation around
 *our* parameter tensors (no copy). Whatever our engine computes, paged or
 dense, its tokens must equal what that implementation computes from the same
@@ -18,7 +22,8 @@ __all__ = ["transformers_twin"]
 
 
 def transformers_twin(model: Model):
-    """A transformers ``LlamaForCausalLM`` whose parameters *are* ours (no copy), or None without transformers."""
+    """A transformers ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` for a sliding-window config)
+    whose parameters *are* ours (no copy), or None without transformers."""
     try:
         import transformers
     except ImportError:
@@ -27,16 +32,23 @@ def transformers_twin(model: Model):
     rope = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling:
         rope = {**c.rope_scaling, "rope_theta": c.rope_theta}
-    hf_config = transformers.LlamaConfig(
+    common = dict(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
         num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
         rope_parameters=rope, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if any(w is not None for w in c.layer_windows):  # Qwen2 biases q/k/v, as ModelConfig requires here
+        # use_sliding_window switches Qwen2's window on; layer_types says which layers have it.
+        hf_config = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=c.sliding_window,
+                                             layer_types=list(c.layer_types))
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        hf_config = transformers.LlamaConfig(**common, attention_bias=c.attention_bias)
+        cls = transformers.LlamaForCausalLM
     hf_config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        hf = transformers.LlamaForCausalLM(hf_config)
+        hf = cls(hf_config)
     state = {("lm_head.weight" if name == "lm_head.weight" else "model." + name): p
              for name, p in model.named_parameters()}
     missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
