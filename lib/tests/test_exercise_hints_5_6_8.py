@@ -1,8 +1,9 @@
 """Hints and diagnoses that teach, in exercises 5, 6 and 8 (issue 36 §5).
 
-* Hint 3 is a pointer with a partial skeleton: titled so, its code leaves
-  something out (``...``), and it holds at most half of the lines of the
-  solution's body.
+* Hint 3 is either a partial skeleton (titled so, its code leaves something
+  out, ``...``, and holds at most half of the lines of the solution's body)
+  or, the form issue 45 asks for, the idea and the invariant to hold: titled
+  so, prose with no code block, naming an invariant.
 * A diagnosis names the mistake and the invariant it breaks, never the line
   that fixes it: no string in a checker module holds a line of a solution's
   body.
@@ -32,9 +33,10 @@ EXERCISES = {
                          ("ch06_copy_on_write", "ch06_prefix_lookup", "ch06_capacity",
                           "ch06_partial_hit", "ch06_copy_prediction", "ch06_designs")),
     "08_serving_engine": (("allocate_with_preemption", "update_block_table",
-                           "tokens_this_step", "fan_out", "blocks_in_use", "diagnose"),
+                           "tokens_this_step", "fan_out", "blocks_in_use", "diagnose",
+                           "choose_victim", "make_room_fixed"),
                           ("ch08_serving_engine", "ch08_engine_tasks", "ch08_fan_out",
-                           "ch08_diagnose", "ch08_tasks")),
+                           "ch08_diagnose", "ch08_tasks", "ch08_victims", "ch08_find_bug")),
 }
 
 
@@ -83,12 +85,19 @@ def _hint3_code(name: str) -> list[str]:
     return blocks
 
 
+SKELETON, IDEA = " (a partial skeleton)</summary>", " (the idea and the invariant)</summary>"
+
+
 @pytest.mark.parametrize("name", list(EXERCISES))
-def test_every_hint_3_is_a_partial_skeleton(name):
+def test_every_hint_3_is_a_partial_skeleton_or_the_idea_and_its_invariant(name):
     blocks = _hint3_code(name)
     assert blocks, "no Hint 3 found"
     for block in blocks:
-        assert block.startswith(" (a partial skeleton)</summary>"), block[:60]
+        assert block.startswith((SKELETON, IDEA)), block[:60]
+        if block.startswith(IDEA):
+            third = block.split("</details>", 1)[0]
+            assert "```" not in third and "invariant" in third, third
+            continue
         code = block.split("```python", 1)[1].split("```", 1)[0]
         assert "..." in code, f"a Hint 3 that leaves nothing out:\n{code}"
 
@@ -97,7 +106,8 @@ def test_every_hint_3_is_a_partial_skeleton(name):
 def test_no_hint_3_holds_most_of_a_solution(name):
     functions, _ = EXERCISES[name]
     bodies = _body_lines(name, functions)
-    hints = [{_normal(ln) for ln in b.split("```python", 1)[1].split("```", 1)[0].splitlines()}
+    hints = [{_normal(ln) for ln in (b.split("```python", 1)[1].split("```", 1)[0] if "```python" in b
+                                     else b.split("</details>", 1)[0]).splitlines()}
              for b in _hint3_code(name)]
     for fn, lines in bodies.items():
         for hint in hints:
