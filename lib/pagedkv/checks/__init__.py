@@ -30,3 +30,4 @@ from .ch02_measure import check_worst_fit_experiment  # noqa: F401
 from .ch03_measure import check_free_rule_experiment  # noqa: F401
 from .ch04_measure import check_whole_row_experiment  # noqa: F401
 from .ch05_measure import check_pow2_padding_experiment  # noqa: F401
+from .ch06_measure import check_eager_fork_experiment  # noqa: F401

@@ -45,6 +45,11 @@ CAPACITY_MISTAKES = [
     Mistake("watermark applied to every request", "only an admission "
             "(a request that holds no blocks yet) keeps it free",
             lambda *a: _fits(*a, who="always")),
+    Mistake("watermark held back always", "it applies to an admission "
+            "only, and only while other requests are scheduled "
+            "(has_scheduled_reqs): a running request may take every free "
+            "block, and a request alone may take the whole pool",
+            lambda *a: _fits(*a, who="always", when="any")),
     Mistake("watermark applied when nothing else is scheduled", "vLLM "
             "0.33.0 applies it only when has_scheduled_reqs: a request "
             "that fits the whole pool runs when alone",

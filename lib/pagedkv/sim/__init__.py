@@ -21,6 +21,8 @@ it:
   function, cells copied to the device counted (exercise 4);
 - ``step_padding``: steps padded to captured CUDA-graph sizes under any
   padding function, and their slot mappings (exercise 5);
+- ``fork_workload``: parallel sampling on ``PagedKV`` or a subclass, the
+  peak pages counted (exercise 6);
 - ``mixed_batch``: chapter 7's driver, a mixed prefill/decode batch built by
   the real manager, block table and slot mapping, ready for one attention
   launch.
@@ -54,6 +56,7 @@ _EXPORTS = {
     **dict.fromkeys(["TableWorkload", "TABLE_WORKLOAD", "replay_table_writes"], "table_writes"),
     **dict.fromkeys(["vllm_capture_sizes", "pad_vllm", "padded_slot_mappings", "decode_batch_sizes"],
                     "step_padding"),
+    **dict.fromkeys(["ForkWorkload", "FORK_WORKLOAD", "ForkResult", "run_forks"], "fork_workload"),
 }
 
 

@@ -44,7 +44,8 @@ class PagedKV:
     """Paged KV memory of ``capacity`` pages of ``block_size`` token slots each.
 
     State (public for inspection; change it only through the methods, or inside
-    :meth:`copy_on_write` when overriding it):
+    :meth:`copy_on_write` or :meth:`fork` when overriding them -- the two
+    extension points, the second for a policy that copies at the fork):
 
     * ``pages``: allocated page id -> the tokens written in it (a list of at
       most ``block_size`` ints). A page is in ``pages`` or in ``free``, never both.
