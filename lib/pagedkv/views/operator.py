@@ -24,7 +24,7 @@ import html
 import re
 from dataclasses import dataclass
 
-__all__ = ["Symptom", "SYMPTOMS", "LogLine", "read_log_line", "diagnose", "refusal", "symptom_table",
+__all__ = ["Symptom", "SYMPTOMS", "LogLine", "read_log_line", "diagnose", "refusal", "symptom_table", "burst_figure",
            "HIGH_USAGE", "LOW_HIT_RATE", "without_clock", "release_link", "changed_in", "version_table"]
 
 #: KV cache usage (percent, as the line prints it) from which the pool counts as full.
@@ -78,6 +78,34 @@ SYMPTOMS: dict[str, Symptom] = {s.key: s for s in [
             "more KV memory; or a separate instance for long prompts (a lower --max-model-len there "
             "refuses the longest instead of queueing them)",
             "vllm:kv_cache_usage_perc falls and vllm:num_requests_waiting rises in the same interval"),
+    Symptom("long prompts first",
+            "short requests' time to first token jumps whenever long prompts arrive",
+            "chunked prefill hands the step's token budget out in queue order: long prompts ahead take "
+            "all of --max-num-batched-tokens for several steps, and the short prompts behind them wait",
+            "--long-prefill-token-threshold N: no request computes more than N tokens a step, so the rest "
+            "goes to the others (the long prompts' own first token comes later, the short ones' decodes "
+            "share steps with their chunks); or --scheduling-policy priority, interactive requests given "
+            "a smaller priority",
+            "histogram_quantile(0.99, rate(vllm:time_to_first_token_seconds_bucket[5m])) falls"),
+    Symptom("preempt or queue",
+            "inter-token latency spikes with 'Preemptions: N'; a lower --max-num-seqs ends them but "
+            "time to first token grows",
+            "more requests run than the pool holds at their full length: each preemption stalls a request "
+            "until it is recomputed; fewer at once never preempt, but the rest wait in the queue",
+            "--max-num-seqs near what the pool holds at full length (usable blocks // blocks per "
+            "request); more KV memory to have both",
+            "vllm:inter_token_latency_seconds against vllm:request_queue_time_seconds"),
+    Symptom("hit rate after a burst",
+            "a chat service's 'Prefix cache hit rate' collapses for minutes after a burst of one-off "
+            "prompts, then recovers",
+            "the burst's allocations take the free queue's head, where the conversations' idle histories "
+            "sit; each conversation then recomputes its history at its next turn, evicting the histories "
+            "of others, idle longer than the burst's blocks",
+            "send bursts (batch jobs, crawlers) to another instance; KV memory for the histories and the "
+            "burst together; KV offloading to CPU memory (--kv-offloading-size GiB), which loads an "
+            "evicted history back instead of recomputing it",
+            "vllm:kv_block_idle_before_evict_seconds (--kv-cache-metrics): its median falls below the "
+            "users' time between turns"),
     Symptom("refused: max_model_len",
             "at startup: 'To serve at least one request with the model's max seq len (L), (X GiB KV cache "
             "is needed, ...'",
@@ -201,6 +229,31 @@ def symptom_table(keys=None, evidence: dict[str, str] | None = None) -> str:
                    for h in ("symptom", "cause", "what to change", "metric to watch"))
     return (f"<table class='pagedkv-symptoms' style='font-size:85%;max-width:100%'>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def burst_figure(runs: dict, burst_at_s: float | None = None):
+    """Conversation hit rate per window against minutes, one line per ``sim.conversations`` run.
+
+    ``runs``: label -> ``ConversationRun``; ``burst_at_s`` draws a dashed
+    line where the burst arrives.
+    """
+    from matplotlib.figure import Figure
+
+    if not runs:
+        raise ValueError("runs must hold at least one ConversationRun, got none")
+    fig = Figure(figsize=(6.8, 2.8), constrained_layout=True)
+    ax = fig.subplots()
+    for label, run in runs.items():
+        points = [(t / 60, r * 100) for t, r in run.hit_rates(conversations_only=True) if r is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.3, label=label)
+    if burst_at_s is not None:
+        ax.axvline(burst_at_s / 60, color="grey", ls="--", lw=1)
+        ax.annotate("burst", (burst_at_s / 60, 5), textcoords="offset points", xytext=(4, 0), fontsize=8)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("conversation hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
 
 
 # ------------------------------------------------- the releases in between
