@@ -104,13 +104,13 @@ def _meta(*shape, dtype=torch.bfloat16):
 
 # ----------------------------------------------------------------- the cases
 
-def _attention_cases(dtype_name, head_dim, block_size, kind, quick):
+def _attention_cases(dtype_name, head_dim, block_size, kind, quick, sliding_window=None):
     """Decode 64 x 4k, prefill 4 x 2k, or split-KV decode 1 x 16k (16 splits, then the merge)."""
     dtype = DTYPES[dtype_name]
     batch, q_len, seq, splits = {"decode": (64, 1, 4096, 1), "prefill": (4, 2048, 2048, 1),
                                  "split": (1, 1, 16384, 16)}[kind]
     plan = attn.plan_attention(HEADS, KV_HEADS, [q_len] * batch, [seq] * batch, splits,
-                               head_dim=head_dim, dtype=dtype)
+                               head_dim=head_dim, dtype=dtype, sliding_window=sliding_window)
     tokens, max_blocks = batch * q_len, -(-seq // block_size) + 1  # paginate's spare column
     q = _meta(tokens, HEADS, head_dim, dtype=dtype)
     cache = _meta(1, block_size, KV_HEADS, head_dim, dtype=dtype)
@@ -127,6 +127,8 @@ def _attention_cases(dtype_name, head_dim, block_size, kind, quick):
         merge = kernel.fn.__name__ == "_merge_splits_kernel"
         name = (f"merge {shape} {dtype_name} d{head_dim} ({splits} splits)" if merge
                 else f"{kind} {shape} {dtype_name} d{head_dim} b{block_size}")
+        if sliding_window is not None:
+            name += f" window {sliding_window}"
         row = dict(info, kernel=kernel.fn.__name__, kind="merge" if merge else kind)
         if merge:  # one program per (token, head): no tiles of its own
             del row["tiles"], row["block_size"]
@@ -189,6 +191,17 @@ def library_cases():
                           dict(kernel="_gather_block_tables_kernel", kind="gather_block_tables"),
                           quick=width == 257))
     return cases
+
+
+def sliding_window_cases():
+    """The sliding-window variant (``SLIDING``) of the bf16 d128 b16 rows, window 1024.
+
+    Compiled and held to the same rules by the tests (``tools/tests``); kept
+    out of ``all_cases`` and so out of the committed report and its page.
+    """
+    return [c for kind in ("decode", "prefill", "split")
+            for c in _attention_cases("bf16", 128, 16, kind, False, sliding_window=1024)
+            if c.info["kind"] != "merge"]  # the merge has no window
 
 
 # Launch arguments (meta tensors) of the kernels the notebooks define, by kernel

@@ -239,7 +239,7 @@ def test_bad_groups_and_metadata_are_refused_before_anything_is_written(pair):
                             good.query_start_loc)  # slot 999 is not in the cache
     by_layer = metadata_by_layer(groups, [good, good, good, bad])  # the full-attention group's is bad
     for backend in ("torch", "triton"):
-        with pytest.raises(IndexError, match="slot_mapping\[4\] = 999"):
+        with pytest.raises(IndexError, match=r"slot_mapping\[4\] = 999"):
             ours.forward(torch.arange(5), torch.arange(5), caches, by_layer, kernel_backend=backend)
         assert not any(k.any() or v.any() for k, v in caches)  # no layer wrote before the refusal
     partial_dict = {n: good for n in ours.layer_names[:3]}

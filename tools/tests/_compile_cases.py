@@ -85,6 +85,8 @@ def main(name: str) -> dict:
         rows, failures = cc.run_cases([_attention_case(num_stages=1)], targets=("sm_90",))
     elif name == "replicated":
         rows, failures = cc.run_cases([_attention_case("prefill", block_m=64)])
+    elif name == "sliding":
+        rows, failures = cc.run_cases(cc.sliding_window_cases())
     elif name == "copy":
         rows, failures = cc.run_cases(_copy_aligned_and_not(), targets=("sm_90",))
     else:

@@ -172,3 +172,23 @@ def test_an_injected_replicated_mma_layout_fails_on_sm90_only():
     assert any("replicated MMA layout: it covers 128 rows of a 64-row tile" in f and "[sm_90]" in f
                for f in got["failures"]), got["failures"]
     assert not any("[sm_80]" in f for f in got["failures"]), got["failures"]
+
+
+def test_the_sliding_window_variant_compiles_within_the_rules():
+    """The kernel with SLIDING (a sliding-window layer's launch) keeps the full one's structure.
+
+    Not in the committed report: it is compiled here, for both targets, and
+    held to the same rules (no spill, 16-byte copies, two K/V buffers in the
+    decode and split loops, no replicated MMA layout).
+    """
+    got = _compile("sliding")
+    assert got["failures"] == []
+    assert [r["name"] for r in got["rows"]] == [f"{k} bf16 d128 b16 window 1024" for k in
+                                                ("decode 64 x 4k", "prefill 4 x 2k", "split 1 x 16k")]
+    full = {r["name"]: r for r in _committed()["rows"]}
+    for row in got["rows"]:
+        for t in cc.TARGETS:
+            assert row[t]["loop_sass"] > 0 and row[t]["cp_async16"] > 0, (row["name"], t)
+            # the window adds a compare to the loop's mask: another kernel than the committed full one
+            if got["triton"] == _committed()["triton"]:
+                assert row[t]["loop_sass"] != full[row["name"].removesuffix(" window 1024")][t]["loop_sass"]

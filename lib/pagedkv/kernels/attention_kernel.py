@@ -88,7 +88,7 @@ def _paged_attention_kernel(
     num_kv_heads,
     max_blocks,
     num_splits,  # KV segments per query tile: a runtime value, one kernel serves every count
-    sliding_window,  # SLIDING: keys a query sees, itself included; ignored otherwise
+    sliding_window,  # SLIDING only: keys a query sees, itself included
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block: a constant divisor, no emulated division
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,  # the model's head_dim (a multiple of 8)
@@ -98,7 +98,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,  # key positions per inner iteration
     SPLIT: tl.constexpr,  # num_splits > 1: write partials and lse for the merge
     FP32_DOT: tl.constexpr,  # dot in fp32 (interpreter, or fp32 inputs)
-    SLIDING: tl.constexpr,  # a sliding-window layer: keys older than the window are masked
+    SLIDING: tl.constexpr,  # a sliding-window layer: older keys masked
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
