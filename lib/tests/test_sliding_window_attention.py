@@ -199,3 +199,25 @@ def test_columns_before_the_window_may_hold_anything_but_those_in_it_are_checked
         paged_attention(**dict(args, block_table=table), sliding_window=8)
     with pytest.raises(IndexError, match=r"block_table\[0, 0\]"):  # full attention reads column 0
         paged_attention(**dict(args, block_table=table))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_batches_equal_sdpa(seed):
+    """Seeded random batches: lengths, chunks, windows, block sizes and head groups drawn at random."""
+    g = torch.Generator().manual_seed(100 + seed)
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    num_reqs = draw(1, 4)
+    q_lens = [draw(1, 1) if draw(0, 1) else draw(1, 24) for _ in range(num_reqs)]
+    ctx_lens = [draw(0, 60) for _ in range(num_reqs)]
+    window, block_size = draw(1, 40), [1, 2, 4, 8, 16][draw(0, 4)]
+    kv_heads = [1, 2][draw(0, 1)]
+    heads = kv_heads * [1, 2, 4][draw(0, 2)]
+    args, want, _ = window_case(q_lens, ctx_lens, window, block_size=block_size, heads=heads, kv_heads=kv_heads,
+                                seed=seed)
+    splits = [None, 2, 3][draw(0, 2)]
+    assert_close(paged_attention(**args, sliding_window=window, num_splits=splits), want)
+    assert_close(paged_attention_ref(**args, sliding_window=window), want)
+    assert_close(batched(args, window), want)
