@@ -98,3 +98,14 @@ def test_a_crash_is_named():
 def test_not_a_pool_class_is_named():
     report = check(None, None, None, verbose=False)
     assert "not a BlockPool subclass" in report.results[0].detail
+
+
+def test_walking_the_iterator_twice_is_named():
+    class TwoPasses(BlockPool):
+        def free_blocks(self, ordered_blocks):
+            for block in ordered_blocks:
+                block.ref_cnt -= 1
+            self.free_block_queue.append_n([b for b in ordered_blocks if b.ref_cnt == 0])
+
+    report = check(TwoPasses, 0.5, TRUE, verbose=False)
+    assert "Diagnosis: the blocks walked twice" in report.results[0].detail

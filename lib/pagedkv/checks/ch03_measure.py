@@ -92,7 +92,7 @@ def check_free_rule_experiment(AllToTailPool, predicted_hit_rate=None, measured_
         for seed in range(60):
             pool, order, want, refs = _scenario(AllToTailPool, random.Random(seed))
             before = queue_ids(pool)
-            pool.free_blocks(list(order))
+            pool.free_blocks(iter(order))  # as the manager hands it: reversed(table), one pass
             got = queue_ids(pool)
             got_refs = {b.block_id: b.ref_cnt for b in order}
             if got_refs != refs:
@@ -104,7 +104,11 @@ def check_free_rule_experiment(AllToTailPool, predicted_hit_rate=None, measured_
                 freed = [b.block_id for b in order if refs[b.block_id] == 0]
                 unhashed = [i for i in freed if pool.blocks[i].block_hash is None]
                 hashed = [i for i in freed if i not in unhashed]
-                if got == unhashed + before + hashed:
+                if got == before and freed:
+                    mistake = ("the blocks walked twice -- free_blocks receives an iterator "
+                               "(the manager passes reversed(table)): a second pass over it "
+                               "finds nothing, so decide each block's fate in the one pass")
+                elif got == unhashed + before + hashed:
                     mistake = ("the 0.33.0 rule -- unhashed blocks to the head is today's rule; "
                                "the old one appended every block reaching zero to the tail")
                 elif got == before + freed[::-1]:
