@@ -316,26 +316,33 @@ class Model(nn.Module):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries, the model has {len(self.layers)} layers")
         c = self.config
         q_shape = (input_ids.shape[0], c.num_attention_heads, c.head_dim)
-        plans, layer_plans = {}, []  # the layers of one group and one window share a plan
-        for meta, window, caches in zip(self._metadata_per_layer(attn_metadata), c.layer_windows, kv_caches):
-            if (id(meta), window) not in plans:
-                plans[id(meta), window] = backend.build(meta, *caches, q_shape, self.scale, window)
-            layer_plans.append(plans[id(meta), window])
+        if c.layer_types is None and not isinstance(attn_metadata, dict):  # one kind, one table: one plan
+            layer_plans = [backend.build(attn_metadata, *kv_caches[0], q_shape, self.scale)] * len(self.layers)
+        else:
+            layer_plans = self._plans_per_layer(backend, attn_metadata, kv_caches, q_shape)
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
         for layer, plan, (key_cache, value_cache) in zip(self.layers, layer_plans, kv_caches):
             x = layer(x, cos, sin, partial(backend.forward, plan, key_cache, value_cache))
         return self.norm(x)
 
-    def _metadata_per_layer(self, attn_metadata) -> list[AttentionMetadata]:
-        if not isinstance(attn_metadata, dict):
-            return [attn_metadata] * len(self.layers)
-        names = self.layer_names
-        missing, unknown = [n for n in names if n not in attn_metadata], sorted(set(attn_metadata) - set(names))
-        if missing or unknown:
-            raise ValueError(f"attn_metadata must name every layer of the model: missing {missing}, "
-                             f"unknown {unknown}")
-        return [attn_metadata[n] for n in names]
+    def _plans_per_layer(self, backend, attn_metadata, kv_caches, q_shape) -> list:
+        """Each layer's plan; layers with the same metadata (a KV-cache group) and window share one."""
+        metas = [attn_metadata] * len(self.layers)
+        if isinstance(attn_metadata, dict):
+            names = self.layer_names
+            missing = [n for n in names if n not in attn_metadata]
+            unknown = sorted(set(attn_metadata) - set(names))
+            if missing or unknown:
+                raise ValueError(f"attn_metadata must name every layer of the model: missing {missing}, "
+                                 f"unknown {unknown}")
+            metas = [attn_metadata[n] for n in names]
+        plans, layer_plans = {}, []
+        for meta, window, caches in zip(metas, self.config.layer_windows, kv_caches):
+            if (id(meta), window) not in plans:
+                plans[id(meta), window] = backend.build(meta, *caches, q_shape, self.scale, window)
+            layer_plans.append(plans[id(meta), window])
+        return layer_plans
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The reference path: ``[batch, seq]`` token ids (no padding) to hidden ``[batch, seq, hidden_size]``.
