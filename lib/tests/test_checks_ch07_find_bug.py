@@ -143,3 +143,48 @@ def test_a_policy_out_of_range_is_refused():
     assert "an int from 1 to 64" in failed["your policy gives a split count the library takes"]
     with pytest.raises(ValueError, match="num_splits must be an int from 1 to 64, got 0"):
         ch07_split_measure.measure_splits(0)
+
+
+COMPILED_MODE = '''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+torch.cuda.is_available = lambda: True  # what a GPU machine's import sees: compiled-mode kernels
+import triton
+import triton.language as tl
+
+import pagedkv
+from pagedkv import _device
+from pagedkv.checks import ch07_split_measure, ch07b_find_bug
+
+assert not _device.INTERPRETED
+
+
+@triton.jit
+def row_max(x_ptr, out_ptr, N: tl.constexpr):
+    m = tl.max(tl.load(x_ptr + tl.arange(0, N)), 0)  # tl.max: one of Triton's own @jit helpers
+    if tl.program_id(0) == 0:
+        print("max", m)
+    tl.store(out_ptr + tl.program_id(0), m)
+
+
+out = torch.zeros(2)
+ch07b_find_bug.interpreted(row_max)[(2,)](torch.arange(8.0), out, N=8)
+print(out.tolist())
+m = ch07_split_measure.measure_splits(3)
+print(m["programs"], m["empty_programs"], m["kv_bytes"], m["extra_bytes"], m["right"])
+'''
+
+
+def test_stepping_and_measuring_run_where_kernels_are_compiled(tmp_path):
+    # On a GPU the library's kernels (and Triton's own @jit helpers) are compiled-mode JITFunctions:
+    # the notebooks' interpreted copies and the split measurement must still run them as Python.
+    import subprocess
+    import sys
+
+    script = tmp_path / "compiled_mode.py"
+    script.write_text(COMPILED_MODE)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-3:] == ["max [7.]", "[7.0, 7.0]", "18 10 126464 25152 True"], done.stdout

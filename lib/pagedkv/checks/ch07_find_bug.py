@@ -101,7 +101,7 @@ def check_merge_bug(found, merge_fixed, timeout: float = 60.0) -> CheckReport:
         if found is None:  # the untouched notebook: one line
             c.probe(_stub)
         c.prop("found: the first wrong request and the first wrong variable",
-               lambda: _located(found, merge_case(device="cpu")))
+               lambda: _located(found, merge_case()))
 
         def fixed():
             for i, case in enumerate(_cases()):

@@ -26,6 +26,7 @@ from ..kernels.attention_kernel import kernel_launches
 from ..kernels.attention_plan import plan_attention, split_segments
 from ..kernels.residency import MAX_SPLITS
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, fit_column
+from .kernel_probes import interpreted_kernel
 
 __all__ = ["SPLIT_WORKLOAD", "decode_batch", "measure_splits", "check_split_policy", "KEYS"]
 
@@ -47,7 +48,7 @@ def decode_batch(seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed=0
 
 def _traced_run(launches, names: dict) -> dict:
     """Run ``launches`` interpreted; bytes loaded and stored per named tensor."""
-    from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder
+    from triton.runtime.interpreter import InterpreterBuilder
 
     regions = []
     for _, _, args, _ in launches:
@@ -79,7 +80,7 @@ def _traced_run(launches, names: dict) -> dict:
     InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store = masked_load, masked_store
     try:
         for kernel, grid, args, kwargs in launches:
-            InterpretedFunction(kernel.fn)[grid](*args, **kwargs)
+            interpreted_kernel(kernel)[grid](*args, **kwargs)
     finally:
         InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store = load, store
     return tally

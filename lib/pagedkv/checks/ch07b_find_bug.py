@@ -27,7 +27,7 @@ from .._device import default_device
 from ..common import cdiv
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer
 from .interpreter_probes import bounded_accesses
-from .kernel_probes import count_triton_launches, skipped_triton_launches
+from .kernel_probes import count_triton_launches, interpreted_kernel, skipped_triton_launches
 
 __all__ = ["interpreted", "window_case", "reference_window_gather", "planted_diagnosis",
            "check_window_bug", "VARIABLES"]
@@ -37,19 +37,8 @@ VARIABLES = ("first", "pos", "column", "block", "slot")
 
 
 def interpreted(kernel):
-    """An interpreted copy of a ``@triton.jit`` kernel: ``print`` and ``breakpoint`` work inside.
-
-    Launch it like the kernel (``interpreted(k)[grid](...)``) on CPU
-    tensors. On a CPU the library already interprets every kernel; on a GPU
-    this copy still runs in Triton's interpreter, so a notebook can step
-    through one program anywhere.
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-
-    fn = getattr(kernel, "fn", None)
-    if fn is None:
-        raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__} {kernel!r}")
-    return InterpretedFunction(fn)
+    """An interpreted copy of a ``@triton.jit`` kernel, on any machine: see ``interpreted_kernel``."""
+    return interpreted_kernel(kernel)
 
 
 def window_case(seed: int = 0, lens=(5, 12, 14), block_size: int = 4, row: int = 4,

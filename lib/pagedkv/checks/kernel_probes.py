@@ -406,3 +406,61 @@ def inputs_changed_at_launch(changes, handed=()):
     finally:
         for cls, original in originals.items():
             cls.run = original
+
+
+# ------------------------------------------------------------------ any kernel, interpreted
+
+@contextmanager
+def nested_calls_interpreted():
+    """While an interpreted kernel runs, let it call compiled-mode ``@triton.jit`` functions.
+
+    Compiled (on a GPU) Triton's own ``@jit`` helpers (``tl.max``, ``tl.sum``,
+    ``tl.cdiv`` ...) are ``JITFunction`` objects that refuse a call outside a
+    compiled kernel; the interpreter needs them run as Python, as it runs
+    them when ``TRITON_INTERPRET=1`` was set before Triton was imported.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__call__
+    interpreted_copies: dict = {}
+
+    def call(self, *args, **kwargs):  # keyed by id: a JITFunction's hash compiles its source
+        if id(self) not in interpreted_copies:
+            interpreted_copies[id(self)] = (self, InterpretedFunction(self.fn))
+        return interpreted_copies[id(self)][1](*args, **kwargs)
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+class InterpretedKernel:
+    """``interpreted_kernel(k)[grid](...)``: ``k`` run in Triton's interpreter on any machine (CPU tensors)."""
+
+    def __init__(self, kernel):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        fn = getattr(kernel, "fn", None)
+        if fn is None:
+            raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__} {kernel!r}")
+        self.kernel = InterpretedFunction(fn)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            with nested_calls_interpreted():
+                return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def interpreted_kernel(kernel) -> InterpretedKernel:
+    """An interpreted copy of a ``@triton.jit`` kernel: ``print`` and ``breakpoint`` work inside it.
+
+    On a CPU the library interprets every kernel already; on a GPU this copy
+    still runs in Triton's interpreter (on CPU tensors), nested ``@jit``
+    calls included, so a notebook can step through one program anywhere.
+    """
+    return InterpretedKernel(kernel)
+
