@@ -85,7 +85,7 @@ def weight_bytes(model: str | ModelSpec, dtype: str | torch.dtype = "bf16", tens
     """Parameter bytes per rank (weights split evenly across tensor-parallel ranks)."""
     m = model_spec(model)
     tp = check_int(tensor_parallel_size, "tensor_parallel_size", 1)
-    if m.num_params <= 0:
+    if isinstance(m, ConfigModelSpec) and not m.params_counted:
         raise ValueError(f"the parameter count of {m.name!r} is not known from its config (a mixture "
                          "of experts, a hybrid or a quantized checkpoint): give the weights as the "
                          "server logs them, weight_gib=<'Model loading took' GiB x tensor_parallel_size>")

@@ -83,6 +83,12 @@ class ConfigModelSpec(ModelSpec):
     config: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     @property
+    def params_counted(self) -> bool:
+        """Whether ``num_params`` was counted from the shapes (Llama-, Mistral-
+        and Qwen2-shaped models); otherwise sizing asks for the logged weights."""
+        return self.config.get("model_type", "llama") in SIZED_MODEL_TYPES
+
+    @property
     def grouped(self) -> bool:
         """True unless every layer is full attention: vLLM then plans more
         than one kind of KV-cache group (or one windowed group), and
