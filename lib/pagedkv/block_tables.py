@@ -38,9 +38,12 @@ batch left behind (``_num_dirty_rows``), as ours does. Where we differ:
 
 - vLLM's gather copies a row's live blocks and leaves the columns past them as
   the last step left them; ours zeroes them, so the gathered table is a
-  function of this step alone. Its sliding-window masking (entries below the
-  window become the null block) is not here: every group here is full
-  attention.
+  function of this step alone. vLLM's gather also nulls, in a sliding-window
+  group, the entries wholly below the window of a request's first scheduled
+  token (``sliding_window_reach``, the window minus one): the manager has
+  freed those blocks, and a kernel tile straddling the window's start could
+  still load them. Ours does the same as a separate step after the gather
+  (``null_below_window``), in PyTorch.
 - vLLM's ``_compute_slot_mappings_kernel`` (``v1/worker/gpu/block_table.py:333-414``)
   reads the per-request rows through ``idx_mapping``; ours reads the gathered
   rows (batch entry ``i`` *is* row ``idx_mapping[i]``), which gives the same
@@ -83,10 +86,17 @@ class BlockTables:
         block_sizes: tokens per block, one per KV-cache group.
         max_num_blocks_per_group: the width of each group's table.
         device: where the kernels read the tables; ``pagedkv.default_device()`` if None.
+        sliding_window_reach: per group, the tokens below a request's first
+            scheduled position its layers still read (a window minus one), 0
+            for full attention (the default for every group).
+
+    Each group's table is its own tensor: an edit of one group's row never
+    touches another group's.
     """
 
     def __init__(self, req_states: RequestState, block_sizes: Sequence[int],
-                 max_num_blocks_per_group: Sequence[int], device: torch.device | str | None = None):
+                 max_num_blocks_per_group: Sequence[int], device: torch.device | str | None = None,
+                 sliding_window_reach: Sequence[int] | None = None):
         if not isinstance(req_states, RequestState):
             raise TypeError(f"req_states must be a RequestState, got {type(req_states).__name__}")
         self.block_sizes = [check_int(b, "block_sizes", 1) for b in block_sizes]
@@ -94,6 +104,12 @@ class BlockTables:
         if not self.block_sizes or len(widths) != len(self.block_sizes):
             raise ValueError(f"block_sizes and max_num_blocks_per_group need one entry per group, "
                              f"got {list(block_sizes)} and {list(max_num_blocks_per_group)}")
+        reach = [0] * len(widths) if sliding_window_reach is None else [
+            check_int(r, "sliding_window_reach", 0) for r in sliding_window_reach]
+        if len(reach) != len(widths):
+            raise ValueError(f"sliding_window_reach needs one entry per group ({len(widths)}), got {reach}")
+        self.sliding_window_reach = reach
+        self.has_sliding_window_groups = any(reach)
         self.req_states = req_states
         self.max_num_reqs = req_states.max_num_reqs
         self.num_kv_cache_groups = len(self.block_sizes)
@@ -186,6 +202,29 @@ class BlockTables:
         self._num_dirty_rows = padded
         self._last_idx_mapping = idx
         return tuple(t[:padded] for t in self.input_block_tables)
+
+    def null_below_window(self, tables: Sequence[torch.Tensor], num_computed_tokens) -> None:
+        """In each sliding-window group's gathered table, put the null block (0) in the entries
+        wholly below the window of each batch entry's first scheduled token (in place).
+
+        ``tables`` are the ones ``gather_block_tables`` returned; entry ``i``
+        of ``num_computed_tokens`` is batch entry ``i``'s first position. Entry
+        ``j`` is nulled when ``(j + 1) * block_size <= first - reach``: no
+        query of this step reads it (vLLM's ``_gather_block_tables_kernel``,
+        ``v1/worker/gpu/block_table.py:311-321``).
+        """
+        if len(tables) != self.num_kv_cache_groups:
+            raise ValueError(f"expected {self.num_kv_cache_groups} gathered tables, got {len(tables)}")
+        first = torch.as_tensor(num_computed_tokens, dtype=torch.int64).reshape(-1)
+        for g, reach in enumerate(self.sliding_window_reach):
+            if not reach:
+                continue
+            table = tables[g]
+            if first.numel() != table.shape[0]:
+                raise ValueError(f"num_computed_tokens has {first.numel()} entries for {table.shape[0]} rows")
+            num_null = ((first - reach).clamp(min=0) // self.block_sizes[g]).to(table.device)
+            cols = torch.arange(table.shape[1], device=table.device)
+            table.masked_fill_(cols[None, :] < num_null[:, None], 0)
 
     def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *,
                               reference: bool = False) -> torch.Tensor:

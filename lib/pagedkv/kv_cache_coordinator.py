@@ -22,14 +22,17 @@ the pool cannot hold raises ``ValueError`` without any group having taken a
 block. ``check()`` verifies the pool, every manager, and that the tables of
 all groups together account for every block's reference count.
 
-The coordinator is also the seam for ``KVCacheManager``: its single-group
-path is ``UnitaryKVCacheCoordinator`` over one ``FullAttentionManager``, built
-on the manager's own pool (``block_pool=``).
+``pagedkv.grouped_kv_cache_manager.GroupedKVCacheManager`` is the
+``KVCacheManager`` over a coordinator built on its pool (``block_pool=``);
+the book's ``KVCacheManager`` folds the unitary coordinator over one
+``FullAttentionManager`` into itself. Both answer in ``KVCacheBlocks``
+(below), one block list per group.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .block_pool import BlockPool
@@ -39,8 +42,97 @@ from .kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
 from .mamba_manager import MANAGERS_WITH_MAMBA
 from .single_type_managers import SingleTypeKVCacheManager, get_manager_for_kv_cache_spec
 
-__all__ = ["KVCacheCoordinator", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator",
+__all__ = ["KVCacheBlocks", "PrefixCacheStats", "KVCacheCoordinator", "UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator",
            "get_kv_cache_coordinator"]
+
+
+@dataclass(eq=False)
+class KVCacheBlocks:
+    """Blocks per KV-cache group: ``blocks[g][j]`` is group ``g``'s ``j``-th block
+    (vLLM's ``KVCacheBlocks``, ``v1/core/kv_cache_manager.py:34-128``): what
+    ``KVCacheManager.get_computed_blocks`` and ``allocate_slots`` return.
+
+    With one group it also reads as that group's list (``len``, iteration,
+    indexing, ``==`` a list), which is how chapters 3-6 use a manager's
+    answers; with several, those are refused (``TypeError``): say which
+    group, ``blocks[g]``, or ask ``get_block_ids()`` for one list per group.
+    """
+
+    #: ``blocks[g]``: group ``g``'s blocks (a tuple, one entry per group).
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """One list of block ids per group."""
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        if not isinstance(other, KVCacheBlocks) or len(other.blocks) != len(self.blocks):
+            return NotImplemented
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def new_empty(self) -> "KVCacheBlocks":
+        return KVCacheBlocks(tuple([] for _ in self.blocks))
+
+    def _only_group(self) -> list[KVCacheBlock]:
+        if len(self.blocks) != 1:
+            raise TypeError(f"these blocks span {len(self.blocks)} KV-cache groups: take one, "
+                            "blocks[g], or get_block_ids() for one list per group")
+        return self.blocks[0]
+
+    def __len__(self) -> int:
+        return len(self._only_group())
+
+    def __iter__(self):
+        return iter(self._only_group())
+
+    def __getitem__(self, index):
+        return self._only_group()[index]
+
+    def __bool__(self) -> bool:
+        return any(self.blocks)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, KVCacheBlocks):
+            return [list(g) for g in self.blocks] == [list(g) for g in other.blocks]
+        if isinstance(other, (list, tuple)) and len(self.blocks) == 1:
+            return list(self.blocks[0]) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({list(self.get_block_ids())})"
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups of admitted requests since the last reset (vLLM's ``PrefixCacheStats``).
+
+    ``requests``, ``queries`` (tokens looked up) and ``hits`` (tokens found)
+    count requests admitted for the first time; a preempted request admitted
+    again counts in the ``preempted_*`` fields instead, as in vLLM, so the
+    hit rate is that of new requests.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> "PrefixCacheStats":
+        """These statistics with one more admitted request (vLLM's ``record``; ours returns a new object)."""
+        if preempted:
+            return replace(self, preempted_requests=self.preempted_requests + 1,
+                           preempted_queries=self.preempted_queries + num_tokens,
+                           preempted_hits=self.preempted_hits + num_hits)
+        return replace(self, requests=self.requests + 1, queries=self.queries + num_tokens,
+                       hits=self.hits + num_hits)
 
 
 class KVCacheCoordinator:

@@ -1,8 +1,11 @@
 """The scheduler's view of KV memory: ``Request`` and ``KVCacheManager``.
 
 This is vLLM V1's ``KVCacheManager`` for one cache group (the roles of its
-coordinator and ``SingleTypeKVCacheManager`` folded into one class), built on
-``pagedkv.block_pool.BlockPool``. The scheduler asks two questions per request:
+unitary coordinator and ``FullAttentionManager`` folded into one class), built on
+``pagedkv.block_pool.BlockPool``; a model with other kinds of layers gets
+``pagedkv.grouped_kv_cache_manager.GroupedKVCacheManager``, the same interface
+over a coordinator of groups. Both answer with ``KVCacheBlocks``, one block
+list per group. The scheduler asks two questions per request:
 
 * ``get_computed_blocks(request)``: how much of this prompt is already in the
   prefix cache? The longest cached prefix, stopping at the first miss, capped
@@ -36,10 +39,8 @@ The copy protocol, explicitly:
    references. Until then neither end can be recycled, even if the request is
    freed in the meantime (a cancelled request cannot revoke an issued copy).
 
-Steps 2 and 3 are this library's protocol, not vLLM's. vLLM 0.33.0's scheduler
-drains the pairs with ``take_kv_cache_block_copies()`` (returning the retained
-endpoints), ships them in ``SchedulerOutput`` and releases the endpoints once
-the step that runs them is processed; there is no acknowledgement call.
+Step 3 is ours: vLLM 0.33.0's scheduler drains the pairs with their held ends
+(``take_kv_cache_block_copies()``) and frees the ends once their step is done.
 
 Prefix-cache entries
 --------------------
@@ -47,10 +48,8 @@ Full-block entries live in the block pool (``cache_full_blocks``): a block is
 cached as soon as the step that fills it is scheduled, as vLLM does. Partial
 entries (a prefix ending inside a block, at a multiple of ``hash_block_size``)
 live here, in ``partial_hash_to_block``, because the pool keeps one hash per
-block, and every such boundary of a computed block gets one. vLLM 0.33.0
-differs on both counts: its block pool holds partial entries as extra keys
-owned by the block (``BlockPool.cache_partial_block``), and a request records
-only one, at the prompt's last hash boundary when that ends inside a block.
+block, and every such boundary of a computed block gets one (vLLM 0.33.0's
+pool keeps partial keys itself, one per request, and only beside a Mamba group).
 A partial entry names a prefix whose KV is already *computed* (recorded from
 ``request.num_computed_tokens`` as a step is scheduled, before it advances): a
 copy reads its source before the forward pass, so its valid slots must hold
@@ -60,47 +59,16 @@ entry stays valid until the pool hands its block out again (eviction at reuse).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from .block_pool import BlockPool
 from .free_queue import KVCacheBlock
 from .common import InvariantError, cdiv, check_int, check_real, require
 from .hashing import BlockHash
+from .kv_cache_coordinator import KVCacheBlocks, PrefixCacheStats
 from .request import Request
 
-__all__ = ["KVCacheManager", "PrefixCacheStats", "InvariantError"]
-
-@dataclass(frozen=True)
-class PrefixCacheStats:
-    """Prefix-cache lookups of admitted requests since the last reset (vLLM's ``PrefixCacheStats``).
-
-    ``requests``, ``queries`` (tokens looked up) and ``hits`` (tokens found)
-    count requests admitted for the first time; a preempted request admitted
-    again counts in the ``preempted_*`` fields instead, as in vLLM, so the
-    hit rate is that of new requests.
-    """
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> "PrefixCacheStats":
-        """These statistics with one more admitted request (vLLM's ``record``; ours returns a new object)."""
-        if preempted:
-            return replace(self, preempted_requests=self.preempted_requests + 1,
-                           preempted_queries=self.preempted_queries + num_tokens,
-                           preempted_hits=self.preempted_hits + num_hits)
-        return replace(self, requests=self.requests + 1, queries=self.queries + num_tokens,
-                       hits=self.hits + num_hits)
-
+__all__ = ["KVCacheManager", "KVCacheBlocks", "PrefixCacheStats", "InvariantError"]
 
 class KVCacheManager:
     """Blocks for requests: prefix hits, slot allocation, freeing, and copy-on-write of partial hits.
@@ -139,6 +107,9 @@ class KVCacheManager:
 
     #: The class the pool is built from (an extension point: see above).
     block_pool_class: type[BlockPool] = BlockPool
+    #: One KV-cache group, full attention; no coordinator (its role is folded in here).
+    num_kv_cache_groups: int = 1
+    coordinator = None
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_block_size: int | None = None, watermark: float = 0.0):
@@ -201,8 +172,15 @@ class KVCacheManager:
         stats, self._stats = self._stats, PrefixCacheStats()
         return stats
 
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks, one list per group (a copy: editing it changes nothing)."""
+        blocks = self.req_to_blocks.get(request_id) if isinstance(request_id, str) else None
+        if blocks is None:
+            self.get_block_ids(request_id)  # raises, naming the problem
+        return KVCacheBlocks((list(blocks),))
+
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as block ids."""
+        """The request's block ids (vLLM's one list per group is ``get_blocks(request_id).get_block_ids()``)."""
         if not isinstance(request_id, str):
             raise TypeError(f"expected a request id, got {type(request_id).__name__} {request_id!r}")
         blocks = self.req_to_blocks.get(request_id)
@@ -243,7 +221,7 @@ class KVCacheManager:
                     return entry[0], k * h
         return None
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of a new request: ``(blocks, num_computed_tokens)``.
 
         Stops at the first miss; capped at ``request.num_tokens - 1`` tokens.
@@ -256,7 +234,7 @@ class KVCacheManager:
         if request.request_id in self.req_to_blocks:
             raise ValueError(f"request {request.request_id!r} already holds blocks; look up new requests only")
         if not self.enable_caching:
-            return [], 0
+            return KVCacheBlocks(([],)), 0
         r, B = self.hashes_per_block, self.block_size
         hashes, max_hit = request.block_hashes, request.num_tokens - 1  # the last token is always recomputed
         blocks: list[KVCacheBlock] = []
@@ -271,13 +249,13 @@ class KVCacheManager:
         if partial is not None:
             blocks.append(partial[0])
             num_tokens += partial[1]
-        return blocks, num_tokens
+        return KVCacheBlocks((blocks,)), num_tokens
 
     # ---------------------------------------------------------- allocation
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+                       new_computed_blocks: KVCacheBlocks | Sequence[KVCacheBlock] | None = None,
                        num_lookahead_tokens: int = 0, *,
-                       has_scheduled_reqs: bool | None = None) -> list[KVCacheBlock] | None:
+                       has_scheduled_reqs: bool | None = None) -> KVCacheBlocks | None:
         """Make room for ``num_new_tokens`` tokens (after any prefix hit); return the new blocks or ``None``.
 
         Args:
@@ -315,7 +293,11 @@ class KVCacheManager:
         num_new_tokens = check_int(num_new_tokens, "num_new_tokens", 1)
         num_new_computed_tokens = check_int(num_new_computed_tokens, "num_new_computed_tokens", 0)
         num_lookahead_tokens = check_int(num_lookahead_tokens, "num_lookahead_tokens", 0)
-        hit = list(new_computed_blocks or [])
+        hit = list(new_computed_blocks or []) if not isinstance(new_computed_blocks, KVCacheBlocks) \
+            else list(new_computed_blocks.blocks[0]) if len(new_computed_blocks.blocks) == 1 else None
+        if hit is None:
+            raise ValueError(f"new_computed_blocks spans {len(new_computed_blocks.blocks)} KV-cache groups; "
+                             "this manager has one")
         rid = request.request_id
         req_blocks = self.req_to_blocks.get(rid, [])
         self._check_allocation(request, req_blocks, num_new_tokens, num_new_computed_tokens, hit,
@@ -358,7 +340,7 @@ class KVCacheManager:
             self._cache_full(request, min(num_computed + num_new_tokens, request.num_tokens))
             if self.enable_caching and r > 1:  # partial prefixes exist only with a finer match unit
                 self._record_partial_entries(request)
-        return new_blocks
+        return KVCacheBlocks((new_blocks,))
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the blocks the first ``num_computed_tokens`` known tokens fill (vLLM's name): under async

@@ -31,6 +31,7 @@ import torch
 
 from ..common import check_bool, check_int
 from ..hashing import check_token_ids
+from ..grouped_kv_cache_manager import GroupedKVCacheManager
 from ..kv_cache_manager import KVCacheManager
 from .args import EngineArgs
 from .parallel_sampling import ParentRequest, child_request_ids
@@ -38,7 +39,7 @@ from .request import EngineRequest, RequestOutput, find_stop
 from .sampling import SamplingParams
 from .async_scheduler import AsyncScheduler
 from .scheduler import AllocateWithPreemption, Scheduler, SchedulerOutput
-from .sizing import PoolSize, check_startup, determine_num_blocks
+from .sizing import PoolSize, check_startup, determine_num_blocks, kv_cache_groups_of
 from .stats import EngineStats, StatsCollector
 from .worker import Worker
 
@@ -100,11 +101,20 @@ class LLMEngine:
         self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         torch.manual_seed(args.seed)
 
-        self.pool: PoolSize = determine_num_blocks(args, model, max_model_len, self.kernel_backend)
-        check_startup(self.pool, model, max_model_len)
-        self.kv_cache_manager = KVCacheManager(self.pool.num_blocks, args.block_size,
-                                               enable_caching=args.enable_prefix_caching,
-                                               hash_block_size=args.hash_block_size, watermark=args.watermark)
+        # Several kinds of layers (sliding window beside full attention): one group per kind, each
+        # with its own manager and block tables over one pool; None on a plain Llama (one group).
+        groups = self.kv_cache_groups = kv_cache_groups_of(model, args.block_size, max_model_len)
+        self.pool: PoolSize = determine_num_blocks(args, model, max_model_len, self.kernel_backend, groups)
+        check_startup(self.pool, model, max_model_len, groups, args.max_num_batched_tokens)
+        if groups is None:
+            self.kv_cache_manager = KVCacheManager(self.pool.num_blocks, args.block_size,
+                                                   enable_caching=args.enable_prefix_caching,
+                                                   hash_block_size=args.hash_block_size, watermark=args.watermark)
+        else:
+            self.kv_cache_manager = GroupedKVCacheManager(
+                groups, self.pool.num_blocks, max_model_len, enable_caching=args.enable_prefix_caching,
+                hash_block_size=args.hash_block_size, watermark=args.watermark,
+                max_in_flight_tokens=args.max_num_batched_tokens)
         scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler  # vLLM's get_scheduler_cls
         self.scheduler = scheduler_cls(self.kv_cache_manager, args.max_num_seqs, args.max_num_batched_tokens,
                                    max_model_len, args.enable_chunked_prefill, allocate_with_preemption,
@@ -113,7 +123,7 @@ class LLMEngine:
                                    long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
                                    policy=args.scheduling_policy)
         self.worker = Worker(model, self.pool.num_blocks, args.block_size, args.max_num_seqs, max_model_len,
-                             self.kernel_backend)
+                             self.kernel_backend, kv_cache_groups=groups)
         self.block_tables = self.worker.block_tables
         self.last_scheduler_output: SchedulerOutput | None = None
         self._stats = StatsCollector()
@@ -357,7 +367,8 @@ class LLMEngine:
                 out, num_scheduled_tokens=keep, total_num_scheduled_tokens=sum(keep.values()),
                 scheduled_running_reqs=[r for r in out.scheduled_running_reqs if r not in gone],
                 num_computed_tokens={r: n for r, n in out.num_computed_tokens.items() if r not in gone},
-                new_block_ids={r: b for r, b in out.new_block_ids.items() if r not in gone})
+                new_block_ids={r: b for r, b in out.new_block_ids.items() if r not in gone},
+                new_block_ids_by_group={r: b for r, b in out.new_block_ids_by_group.items() if r not in gone})
         model_runner_output = self.worker.execute_model(run, requests)
         if out.cow_pairs:  # the step has run: the copies' extra references can go
             self.kv_cache_manager.acknowledge_copies(out.cow_pairs)

@@ -50,7 +50,7 @@ from typing import Callable
 
 from ..common import cdiv, check_bool, check_int, require
 from ..free_queue import KVCacheBlock
-from ..kv_cache_manager import KVCacheManager
+from ..kv_cache_manager import KVCacheBlocks, KVCacheManager
 from .request import EngineRequest, RequestStatus
 from .request_queue import SCHEDULING_POLICIES, PriorityWaitingQueue, WaitingQueue
 
@@ -134,7 +134,9 @@ class SchedulerOutput:
             prefix cache instead of computed.
         new_block_ids: request id -> blocks for the worker's table: an admitted
             request's whole block list (hits included), a running request's
-            newly appended blocks (possibly none).
+            newly appended blocks (possibly none); KV-cache group 0's.
+        new_block_ids_by_group: the same, one list per KV-cache group, as
+            vLLM's ``SchedulerOutput`` carries them (what the worker reads).
         preempted_req_ids: preempted this step, in order.
         finished_req_ids: finished or aborted since the previous step.
         cow_pairs: ``(src, dst)`` block copies to run before the forward pass.
@@ -149,6 +151,7 @@ class SchedulerOutput:
     num_computed_tokens: dict[str, int] = field(default_factory=dict)
     num_prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids_by_group: dict[str, tuple[list[int], ...]] = field(default_factory=dict)
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)
     cow_pairs: list[tuple[int, int]] = field(default_factory=list)
@@ -349,6 +352,7 @@ class Scheduler:
             self._token_budget += out.num_scheduled_tokens.pop(rid)
             out.num_computed_tokens.pop(rid, None)
             out.new_block_ids.pop(rid, None)
+            out.new_block_ids_by_group.pop(rid, None)
             out.scheduled_running_reqs.remove(rid)
         self.kv_cache_manager.free(victim)
         victim.num_computed_tokens = 0
@@ -429,7 +433,10 @@ class Scheduler:
             out.scheduled_running_reqs.append(request.request_id)
             out.num_scheduled_tokens[request.request_id] = num_new_tokens
             out.num_computed_tokens[request.request_id] = request.num_computed_tokens
-            out.new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            ids = (new_blocks.get_block_ids() if isinstance(new_blocks, KVCacheBlocks)
+                   else ([b.block_id for b in new_blocks],))  # a plain list: one group
+            out.new_block_ids_by_group[request.request_id] = ids
+            out.new_block_ids[request.request_id] = ids[0]
             self._token_budget -= num_new_tokens
             req_index += 1
 
@@ -468,7 +475,8 @@ class Scheduler:
             out.num_scheduled_tokens[rid] = num_new_tokens
             out.num_computed_tokens[rid] = num_hit
             out.num_prefix_hit_tokens[rid] = num_hit
-            out.new_block_ids[rid] = manager.get_block_ids(rid)
+            ids = out.new_block_ids_by_group[rid] = manager.get_blocks(rid).get_block_ids()
+            out.new_block_ids[rid] = ids[0]
             self._token_budget -= num_new_tokens
 
     def whole_prompt_fits(self, request: EngineRequest, hit_blocks: list[KVCacheBlock], num_hit: int) -> bool:
@@ -484,13 +492,18 @@ class Scheduler:
         exercises') keeps its signature.
         """
         manager = self.kv_cache_manager
+        if getattr(manager, "coordinator", None) is not None:  # groups: the coordinator counts them
+            return manager.whole_sequence_fits(request, hit_blocks, num_hit, self.max_model_len,
+                                               has_scheduled_reqs=bool(self.running))
+        if isinstance(hit_blocks, KVCacheBlocks):
+            hit_blocks = hit_blocks.blocks[0]
         B = manager.block_size
         num_tokens = min(request.num_tokens, self.max_model_len)
         needed = max(cdiv(num_tokens, B) - len(hit_blocks), 0)
         needed += bool(hit_blocks) and num_hit % B != 0
         needed += sum(1 for b in hit_blocks if b.ref_cnt == 0)
         watermark = manager.watermark_blocks if self.running else 0
-        return needed + watermark <= manager.get_num_free_blocks()
+        return needed + watermark <= manager.block_pool.get_num_free_blocks()
 
     # ----------------------------------------------------------------- update
     def update_from_output(self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,

@@ -16,6 +16,14 @@ Three ways to size the pool, in vLLM's order of precedence:
    only has to fit beside the budget. ``pagedkv.budget.pool_from_free_memory``
    is the same rule with estimated sizes.
 
+A model with several kinds of layers (``kv_cache_groups_of``) has one block
+id space for all its groups, and layers of different groups share tensors,
+so one block costs one page in each *shared* tensor: the page times the
+number of layers in a group, as vLLM's planner counts it. Its startup check
+is the groups': one ``max_model_len`` request needs, per group, the blocks
+its spec's ``max_memory_usage_bytes`` says (a sliding window only its window
+and the tokens of one step), and the sum must fit the usable pool.
+
 The startup check is chapter 1's (``pagedkv.budget.check_enough_kv_cache_memory``),
 given the whole pool; it holds the null block back, as vLLM 0.33.0 does, so
 2,048 blocks of 16 hold one request of at most 2,047 x 16 = 32,752 tokens.
@@ -30,10 +38,11 @@ import torch
 
 from .. import budget
 from ..common import cdiv
+from ..kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec, get_kv_cache_groups
 from .args import EngineArgs
 
 __all__ = ["model_spec_of", "PoolSize", "determine_num_blocks", "check_startup", "dummy_batch",
-           "profile_activation_bytes"]
+           "profile_activation_bytes", "kv_cache_groups_of"]
 
 CPU_KV_CACHE_MEMORY = budget.GiB  # what a machine without a GPU gets when nothing is said
 
@@ -116,11 +125,41 @@ def profile_activation_bytes(model, args: EngineArgs, max_model_len: int, kernel
     return max(0, peak)
 
 
-def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_backend: str) -> PoolSize:
-    """Size the pool (see the module docstring)."""
+def kv_cache_groups_of(model, block_size: int, max_model_len: int) -> list[KVCacheGroupSpec] | None:
+    """The model's KV-cache groups, or None when every layer is full attention (one group: the book's path).
+
+    Refused with ``ValueError`` naming the layer and the reason, before
+    anything is built: a layer type the library cannot group, a window
+    longer than ``max_model_len`` (``kv_cache_spec.layer_specs_from_types``),
+    page sizes that cannot be unified, or unified ones that change a group's
+    block size (this engine runs one block size for every group).
+    """
+    spec_of = getattr(model, "kv_cache_spec", None)
+    if spec_of is None:
+        return None
+    specs = spec_of(block_size, max_model_len)
+    groups = get_kv_cache_groups(specs)
+    if len(groups) == 1 and type(groups[0].kv_cache_spec) is FullAttentionSpec:
+        return None
+    for g in groups:
+        if g.kv_cache_spec.block_size != block_size:
+            raise ValueError(f"layer {g.layer_names[0]}: its page size differs from the others', so its "
+                             f"group's blocks would hold {g.kv_cache_spec.block_size} tokens; this engine "
+                             f"runs every group at block_size={block_size}")
+    return groups
+
+
+def _group_block_bytes(groups: list[KVCacheGroupSpec]) -> int:
+    # One block id: one page in each of the tensors the groups share (a group's layer count of them).
+    return groups[0].kv_cache_spec.page_size_bytes * max(len(g.layer_names) for g in groups)
+
+
+def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_backend: str,
+                         kv_cache_groups: list[KVCacheGroupSpec] | None = None) -> PoolSize:
+    """Size the pool (see the module docstring); ``kv_cache_groups`` when the model has several kinds of layers."""
     spec = model_spec_of(model.config)
     dtype, B = model.dtype, args.block_size
-    block_bytes = budget.block_bytes(spec, B, dtype)
+    block_bytes = budget.block_bytes(spec, B, dtype) if not kv_cache_groups else _group_block_bytes(kv_cache_groups)
     if args.num_gpu_blocks_override is not None:
         n = args.num_gpu_blocks_override
         return PoolSize(n, B, block_bytes, "override", float(n * block_bytes))
@@ -143,19 +182,29 @@ def determine_num_blocks(args: EngineArgs, model, max_model_len: int, kernel_bac
         # Only this instance's own use counts against its budget (vLLM 0.33.0).
         pool = budget.kv_pool_bytes(total, args.gpu_memory_utilization, weights, activation)
         source = "profiled"
-    n = budget.num_gpu_blocks(pool, spec, B, dtype)
+    n = budget.num_gpu_blocks(pool, spec, B, dtype) if not kv_cache_groups else int(pool // block_bytes)
     if n < 2:
         raise ValueError(f"the KV pool ({pool / budget.MiB:.2f} MiB, {source}) holds {n} blocks of "
                          f"{block_bytes / budget.KiB:.1f} KiB; the engine needs at least 2 (one is the null block)")
     return PoolSize(n, B, block_bytes, source, float(pool))
 
 
-def check_startup(pool: PoolSize, model, max_model_len: int) -> None:
+def check_startup(pool: PoolSize, model, max_model_len: int,
+                  kv_cache_groups: list[KVCacheGroupSpec] | None = None, max_in_flight_tokens: int = 0) -> None:
     """Chapter 1's startup error if one ``max_model_len`` request cannot fit the usable pool.
 
     The message is vLLM 0.33.0's, word for word; a second line of ours says
-    in blocks what it said in GiB.
+    in blocks what it said in GiB. With KV-cache groups, each group counts
+    the blocks its spec's ``max_memory_usage_bytes`` says one request needs.
     """
+    if kv_cache_groups:
+        needed = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(max_model_len, max_in_flight_tokens),
+                          g.kv_cache_spec.page_size_bytes) for g in kv_cache_groups)
+        if needed > pool.num_usable_blocks:
+            raise ValueError(f"one {max_model_len}-token request needs {needed:,} blocks across "
+                             f"{len(kv_cache_groups)} KV-cache groups; the pool has {pool.num_usable_blocks:,} "
+                             "usable blocks besides the null block. Enlarge the pool or lower max_model_len.")
+        return
     try:
         # vLLM checks the memory it would allocate (the profiled bytes, or
         # override x one block's bytes); the check holds back the null block.

@@ -46,10 +46,22 @@ new ones of the step. ``gather_batch_req_state``
 (``v1/worker/gpu/model_runner.py:1306-1335``) orders the batch with
 ``sort_batch_req_ids`` (``v1/worker/gpu/model_runner.py:2507-2519``) and maps
 it to rows; ``prepare_attn`` (``v1/worker/gpu/model_runner.py:1595-1615``)
-gathers the tables and computes the slot mappings. Where we differ: one
-KV-cache group, no padding of the batch, and a ``SchedulerOutput`` that does
-not fit the rows is refused (``ValueError``) before any row changes, where
-vLLM trusts its scheduler. The deprecated V1 runner's persistent batch, whose
+gathers the tables and computes the slot mappings. Where we differ: no
+padding of the batch, and a ``SchedulerOutput`` that does not fit the rows is
+refused (``ValueError``) before any row changes, where vLLM trusts its
+scheduler.
+
+KV-cache groups: a model whose layers form several groups (sliding-window
+layers beside full attention) gets one table per group, filled from the
+scheduler's ``new_block_ids_by_group``, one slot mapping per group, and one
+``AttentionMetadata`` per group, handed to the model by layer name
+(``metadata_by_layer``). The manager frees a window's old blocks while the
+request runs and puts the null block in its own table; the worker's row
+keeps the old ids (it only appends, as vLLM's does), and the gathered table
+nulls every entry below the window before the kernels read it
+(``BlockTables.null_below_window``). Layers of different groups share KV
+tensors (``Model.allocate_kv_cache(..., kv_cache_groups)``): one block id
+belongs to one group at a time. The deprecated V1 runner's persistent batch, whose
 rows stay dense (``pagedkv.block_table``), is what chapters 4 and 5 also show.
 """
 
@@ -92,6 +104,9 @@ class Worker:
         kernel_backend: ``"triton"``, ``"torch"`` or ``"torch-ref"``, parsed
             once into the ``attention_backend`` the model attends with and the
             worker gathers tables, computes slots and copies blocks with.
+        kv_cache_groups: the model's KV-cache groups when there are several
+            kinds of layers (``pagedkv.kv_cache_spec.KVCacheGroupSpec``, each
+            of ``block_size``); None for one group of every layer.
 
     Attributes:
         req_states: ``RequestState``, which request holds which row.
@@ -102,16 +117,24 @@ class Worker:
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int,
-                 kernel_backend: str) -> None:
+                 kernel_backend: str, kv_cache_groups=None) -> None:
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.kernel_backend = kernel_backend  # sets attention_backend (see the property)
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.kv_cache_groups = kv_cache_groups
+        if kv_cache_groups is None:
+            self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+            sizes, reach = [block_size], None
+        else:
+            self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, kv_cache_groups=kv_cache_groups)
+            sizes = [g.kv_cache_spec.block_size for g in kv_cache_groups]
+            reach = [getattr(g.kv_cache_spec, "sliding_window", 1) - 1 for g in kv_cache_groups]
         self.req_states = RequestState(max_num_reqs)
-        self.block_tables = BlockTables(self.req_states, [block_size], [cdiv(max_model_len, block_size)],
-                                        device=self.device)
+        self.block_tables = BlockTables(self.req_states, sizes, [cdiv(max_model_len, b) for b in sizes],
+                                        device=self.device, sliding_window_reach=reach)
         self.last_metadata = None
+        self.last_metadata_by_group: list | None = None  # several groups: each group's metadata
         self.last_req_ids: list[str] = []
         self.last_idx_mapping: list[int] = []
 
@@ -132,50 +155,58 @@ class Worker:
         """Requests holding a row."""
         return self.req_states.num_reqs
 
-    def rows(self) -> dict[str, list[int]]:
-        """``{request id: block ids}`` of every held row, in the order the rows were handed out.
+    def rows(self, by_group: bool = False) -> dict[str, list[int]] | dict[str, tuple[list[int], ...]]:
+        """``{request id: block ids}`` of every held row, in the order the rows were handed out:
+        group 0's, or with ``by_group`` one list per group.
 
         ``req_states.req_id_to_index`` says which row each one is.
         """
-        return {rid: self.block_tables.block_ids(row)[0] for rid, row in self.req_states.req_id_to_index.items()}
+        return {rid: self.block_tables.block_ids(row) if by_group else self.block_tables.block_ids(row)[0]
+                for rid, row in self.req_states.req_id_to_index.items()}
 
-    def _check_rows(self, out: SchedulerOutput) -> tuple[list[str], list[str]]:
-        """``(leaving, joining)`` of ``out``, once every edit it asks for is known to fit; ``ValueError`` if not."""
+    def _check_rows(self, out: SchedulerOutput) -> tuple[list[str], list[str], dict[str, tuple]]:
+        """``(leaving, joining, block ids per group by request)`` of ``out``, once every edit it asks
+        for is known to fit; ``ValueError`` if not."""
         leaving = sorted(set(out.finished_req_ids) | set(out.preempted_req_ids))
         joining = list(out.scheduled_new_reqs) + list(out.scheduled_resumed_reqs)
         held = self.req_states.req_id_to_index
-        width = self.block_tables.block_tables[0].gpu.shape[1]
+        tables = self.block_tables
         for rid in out.num_scheduled_tokens:
             if rid not in joining and rid not in out.scheduled_running_reqs:
                 raise ValueError(f"request {rid!r} is scheduled but neither new, resumed nor running")
-        for rid in out.scheduled_running_reqs:
-            if rid not in held or rid in leaving:
+        # One list per group: the scheduler's by-group ids, or (one group) its plain list.
+        new_ids = {rid: out.new_block_ids_by_group.get(rid) or (out.new_block_ids.get(rid, []),)
+                   for rid in joining + list(out.scheduled_running_reqs)}
+        for rid, ids in new_ids.items():
+            if len(ids) != tables.num_kv_cache_groups:
+                raise ValueError(f"request {rid!r} has block ids for {len(ids)} KV-cache groups, "
+                                 f"the tables have {tables.num_kv_cache_groups}")
+            running = rid in out.scheduled_running_reqs
+            if running and (rid not in held or rid in leaving):
                 raise ValueError(f"running request {rid!r} holds no row (it was never added, or it left)")
-            n = self.block_tables.num_blocks[0, held[rid]] + len(out.new_block_ids.get(rid, []))
-            if n > width:
-                raise ValueError(f"request {rid!r} would hold {n} blocks, past the table's {width} columns")
+            for g, group_ids in enumerate(ids):
+                n = len(group_ids) + (int(tables.num_blocks[g, held[rid]]) if running else 0)
+                if n > tables.block_tables[g].gpu.shape[1]:
+                    raise ValueError(f"request {rid!r} would hold {n} blocks in group {g}, past the table's "
+                                     f"{tables.block_tables[g].gpu.shape[1]} columns")
         free = len(self.req_states.free_indices) + sum(r in held for r in set(leaving) | set(joining))
         if len(joining) > free:
             raise ValueError(f"{len(joining)} requests join but only {free} rows are free")
-        for rid in joining:
-            if len(out.new_block_ids.get(rid, [])) > width:
-                raise ValueError(f"request {rid!r} would hold {len(out.new_block_ids[rid])} blocks, "
-                                 f"past the table's {width} columns")
-        return leaving, joining
+        return leaving, joining, new_ids
 
     def _update_rows(self, out: SchedulerOutput) -> None:
         """Leaving requests free their rows; joining ones take one; running ones append blocks; then one apply."""
-        leaving, joining = self._check_rows(out)
+        leaving, joining, new_ids = self._check_rows(out)
         for rid in leaving:  # finish_requests: sorted, as vLLM frees them
             self.req_states.remove_request(rid)
         for rid in joining:  # add_requests: new, then resumed
             self.req_states.remove_request(rid)  # vLLM's runner re-adds a request it holds afresh
             row = self.req_states.add_request(rid)
-            self.block_tables.append_block_ids(row, [out.new_block_ids.get(rid, [])], overwrite=True)
+            self.block_tables.append_block_ids(row, new_ids[rid], overwrite=True)
         for rid in out.scheduled_running_reqs:  # update_requests: only this step's blocks
-            ids = out.new_block_ids.get(rid, [])
-            if ids:
-                self.block_tables.append_block_ids(self.req_states.req_id_to_index[rid], [ids], overwrite=False)
+            if any(new_ids[rid]):
+                self.block_tables.append_block_ids(self.req_states.req_id_to_index[rid], new_ids[rid],
+                                                   overwrite=False)
         self.block_tables.apply_staged_writes()  # only the changed entries reach the device
 
     # ----------------------------------------------------------------- a step
@@ -214,13 +245,22 @@ class Worker:
         # The step's table, gathered through idx_mapping; the slots read from it.
         tables, slot_mappings = backend.prepare_attn(self.block_tables, idx_mapping, query_start_loc, positions)
         dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=slot_mappings[0].to(dev),
-            block_table=tables[0],
-            seq_lens=torch.from_numpy((starts + q_lens).astype(np.int32)).to(dev),
-            query_start_loc=query_start_loc.to(dev),
-        )
-        self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
+        seq_lens = torch.from_numpy((starts + q_lens).astype(np.int32)).to(dev)
+        qsl = query_start_loc.to(dev)
+        if self.kv_cache_groups is None:
+            meta = AttentionMetadata(slot_mapping=slot_mappings[0].to(dev), block_table=tables[0],
+                                     seq_lens=seq_lens, query_start_loc=qsl)
+            self.last_metadata = meta  # what the kernels read this step (chapter 8 prints it)
+        else:
+            if self.block_tables.has_sliding_window_groups:  # entries below each window: the null block
+                self.block_tables.null_below_window(tables, starts)
+            metas = [AttentionMetadata(slot_mapping=slot_mappings[g].to(dev), block_table=tables[g],
+                                       seq_lens=seq_lens, query_start_loc=qsl) for g in range(len(tables))]
+            self.last_metadata = metas[0]
+            self.last_metadata_by_group = metas
+            from ..model import metadata_by_layer  # the model that serves several groups brings it
+
+            meta = metadata_by_layer(self.kv_cache_groups, metas)
         self.last_req_ids, self.last_idx_mapping = sched, idx_mapping
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
         hidden = self.model.forward(input_ids, positions.to(dev), self.kv_caches, meta, kernel_backend=backend)
@@ -298,10 +338,16 @@ class Worker:
         held = self.req_states.req_id_to_index
         missing = sorted(set(expected) - set(held))
         require(not missing, "every running request holds a row", lambda: f"no row for {missing}")
-        rows = self.rows()
+        rows = self.rows(by_group=True)
         for rid, ids in expected.items():
-            require(rows[rid] == list(ids), "a row holds its request's blocks",
-                    lambda: f"row {held[rid]} of {rid!r} holds {rows[rid]}, the manager says {list(ids)}")
+            # One list, or (several groups) a tuple of lists; a manager's null entry (0, a window's
+            # freed block) matches whatever id the row kept there: the gather nulls it.
+            want = tuple(ids) if isinstance(ids, tuple) else (list(ids),)
+            ok = len(want) == len(rows[rid]) and all(
+                len(w) == len(r) and all(a == b or (a == 0 and reach) for a, b in zip(w, r))
+                for w, r, reach in zip(want, rows[rid], self.block_tables.sliding_window_reach))
+            require(ok, "a row holds its request's blocks",
+                    lambda: f"row {held[rid]} of {rid!r} holds {rows[rid]}, the manager says {want}")
         stale = sorted(set(waiting) & set(held))
         require(not stale, "a waiting request holds no row",
                 lambda: f"{stale[0]!r} still holds row {held[stale[0]]}")
