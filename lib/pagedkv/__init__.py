@@ -8,7 +8,7 @@ The package is a core a reader studies, with rooms around it::
       |      |       |
     core: common, budget, hashing -> block_pool -> single_type_managers -> mamba_manager
           -> kv_cache_coordinator
-          -> kv_cache_manager, token_pool
+          -> kv_cache_manager, token_pool -> grouped_kv_cache_manager
           -> kernels -> request_state, staged_write -> block_table(s) -> model -> engine
           (each module imports only what stands to its left)
 
@@ -43,6 +43,7 @@ _SUBMODULES = {
     "mamba_manager",
     "kv_cache_coordinator",
     "kv_cache_manager",
+    "grouped_kv_cache_manager",
     "block_table",
     "request_state",
     "staged_write",
