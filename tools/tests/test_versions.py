@@ -328,3 +328,117 @@ def test_model_runner_v2_became_everyones_default_in_0_29_0():
     first_yes = next(c["release"] for c in row["cells"] if c["value"].startswith("yes"))
     assert first_yes == "0.29.0"
     assert row["cells"][0]["value"].startswith("no")
+
+
+# ------------------------------------------- upgrades from 0.10.x: log lines and metric names
+
+_TEMPLATE = re.compile(r'(?:logger\.\w+\(|msg = \()\s*((?:f?"(?:[^"\\]|\\.)*"\s*)+)')
+
+
+def _rendered_lines(lines: list[str], first: int, last: int, around: int = 15) -> list[str]:
+    """The log lines a release's source prints near ``first``-``last``: each
+    ``logger.x(`` call's (or ``msg = (``'s) adjacent string literals joined, as
+    Python joins them, with every %-field and f-string field given a number."""
+    text = "\n".join(lines[max(0, first - 1 - around):last + around])
+    out = []
+    for run in _TEMPLATE.finditer(text):
+        line = "".join(re.findall(r'f?"((?:[^"\\]|\\.)*)"', run.group(1)))
+        line = re.sub(r"%[-0-9.]*[sd]", "1,024", line)
+        line = re.sub(r"%[-0-9.]*f", "2.50", line)
+        out.append(re.sub(r"\{[^{}]*\}", "2.5", line))
+    return out
+
+
+def _row(m: dict, start: str) -> dict:
+    (row,) = [r for r in m["rows"] if r["claim"].startswith(start)]
+    return row
+
+
+POOL_LINE = "Available KV cache memory: 1.00 GiB"  # read_startup_log needs the pool's line
+
+
+def test_each_releases_startup_lines_are_read_as_the_matrix_says():
+    # Issue 46 (upgrades from 0.10.x): the page's reader (pagedkv.server_log)
+    # must find the sizing figures in every release's wording, and where it
+    # cannot (the "Actual usage" line before 0.27.0) the matrix must say so.
+    # Each cell's lines are rendered from that release's own source.
+    from pagedkv.server_log import read_startup_log
+
+    m = versions.load_matrix()
+
+    def rendered(cell):
+        return _rendered_lines(_real(cell["release"]).lines(cell["path"]), cell["first"], cell["last"])
+
+    kv = _row(m, "'KV cache size: N tokens'")
+    assert [c["release"] for c in kv["cells"]][:1] == ["0.10.0"]
+    for cell in kv["cells"]:
+        printed = [line for line in rendered(cell) if "KV cache size:" in line or "Maximum concurrency" in line]
+        one_line = any("KV cache size:" in line and "Maximum concurrency" in line for line in printed)
+        assert one_line == cell["value"].startswith("one line"), (cell["release"], printed)
+        log = read_startup_log("\n".join(printed + [POOL_LINE]))
+        assert log.kv_cache_tokens == 1024 and log.max_concurrency == 2.5, (cell["release"], printed)
+    for cell in _row(m, "'Available KV cache memory")["cells"]:
+        (line,) = [x for x in rendered(cell) if "Available KV cache memory" in x]
+        assert read_startup_log(line).available_kv_gib is not None, line
+    for cell in _row(m, "'Model loading took")["cells"]:
+        (line,) = [x for x in rendered(cell) if "Model loading took" in x]
+        assert ("GiB memory and" in line) == ("GiB memory and" in cell["value"]), line
+        assert read_startup_log("\n".join([line, POOL_LINE])).model_loading_gib is not None, line
+    usage = _row(m, "the 'Actual usage is ...'")
+    assert [c["release"] for c in usage["cells"]][:2] == ["0.10.1.1", "0.10.2"]
+    for cell in usage["cells"]:
+        printed = [x for x in rendered(cell) if "Actual usage is" in x]
+        if cell["value"] == "absent":
+            assert printed == [] and "Actual usage is" not in "\n".join(_real(cell["release"]).lines(cell["path"]))
+            continue
+        (line,) = printed
+        log = read_startup_log("\n".join([line, POOL_LINE]))
+        assert (log.consumed_gib is None) == ("not read by the page" in cell["value"]), (cell["release"], line)
+        assert log.free_gib is not None and log.gpu_memory_utilization == 2.5, line
+    for cell in _row(m, "'CUDA graph pool memory")["cells"]:
+        printed = [x for x in rendered(cell) if "CUDA graph pool memory" in x]
+        assert bool(printed) == (cell["value"] == "present"), cell["release"]
+        if printed:
+            assert read_startup_log("\n".join(printed + [POOL_LINE])).cudagraph_estimate_gib is not None
+
+
+def _registered_metrics(wheel) -> set[str]:
+    source = "\n".join(wheel.lines("v1/metrics/loggers.py"))
+    return set(re.findall(r'name="(vllm:[a-z_]+)"', source))
+
+
+def _book_metric_names() -> set[str]:
+    """Every vllm:name the book's pages, chapters and library name (Prometheus'
+    _total/_bucket/_sum/_count suffixes taken off; a name ending in "_" is a prefix)."""
+    files = [*versions.ROOT.glob("book/*.ipynb"), *versions.ROOT.glob("book/*.md"),
+             *versions.ROOT.glob("chapters/*.ipynb"),
+             *(p for p in (versions.ROOT / "lib" / "pagedkv").rglob("*.py"))]
+    names = set()
+    for path in files:
+        for name in re.findall(r"vllm:[a-z_]+", path.read_text(encoding="utf-8", errors="replace")):
+            names.add(re.sub(r"_(total|bucket|sum|count)$", "", name))
+    return names - {"vllm:"}
+
+
+def test_every_metric_the_book_names_is_in_0_33_0_or_its_history_and_is_in_0_10_0_or_the_matrix():
+    # A panel written from the book queries 0.33.0's names. An operator still on
+    # 0.10.x (or upgrading from it) must find each name either in 0.10.0 too,
+    # or in a row of the matrix that says when it came (or was renamed).
+    m = versions.load_matrix()
+    now = _registered_metrics(_real(citations.VLLM.version))
+    then = _registered_metrics(_real("0.10.0"))
+    said = "\n".join(json.dumps(row) for row in m["rows"])
+    names = _book_metric_names()
+    assert {"vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits", "vllm:num_preemptions"} <= names
+    for name in sorted(names):
+        if name.endswith("_"):  # a family, e.g. vllm:gpu_prefix_cache_*
+            assert name in said, f"{name}* is named in the book but in no row of the matrix"
+        elif name not in now:
+            assert name in said, f"{name} is not registered in 0.33.0, and no row of the matrix says when it went"
+        elif name not in then:
+            assert name in said, f"{name} is not registered in 0.10.0, and no row of the matrix says when it came"
+    # The renames of issue 46: both old names are in 0.10.0 beside the new ones, and gone in 0.33.0.
+    for old, new in [("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+                     ("vllm:gpu_prefix_cache_queries", "vllm:prefix_cache_queries"),
+                     ("vllm:gpu_prefix_cache_hits", "vllm:prefix_cache_hits")]:
+        assert {old, new} <= then and old not in now and new in now, old

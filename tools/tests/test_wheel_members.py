@@ -100,6 +100,17 @@ def test_a_member_is_read_without_downloading_the_wheel(served, tmp_path):
     assert not (kept / "members" / "big.bin").exists()
 
 
+def test_a_member_costs_about_its_compressed_size_not_a_fixed_chunk(served, tmp_path):
+    # The file list and one small member of an 8 MB wheel: the last MIN_READ
+    # bytes (the end records and, in this small wheel, the whole directory),
+    # then one request for the member's header and data.
+    served()
+    wheel = wheel_members.open_member_wheel("vllm", "9.9.9", "manylinux_2_28_x86_64", cache=tmp_path / "c")
+    wheel.lines("v1/core/block_pool.py")
+    assert wheel.bytes_fetched < 2 * wheel_members.MIN_READ, wheel.bytes_fetched
+    assert len(wheel._remote.segments) <= 3
+
+
 def test_what_was_read_is_read_again_offline_and_nothing_else(served, tmp_path):
     server = served()
     cache = tmp_path / "cache"
