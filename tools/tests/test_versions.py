@@ -442,3 +442,32 @@ def test_every_metric_the_book_names_is_in_0_33_0_or_its_history_and_is_in_0_10_
                      ("vllm:gpu_prefix_cache_queries", "vllm:prefix_cache_queries"),
                      ("vllm:gpu_prefix_cache_hits", "vllm:prefix_cache_hits")]:
         assert {old, new} <= then and old not in now and new in now, old
+
+
+def _hidden_metrics(source_lines: list[str]) -> set[str]:
+    """The metric names a release registers only under ``if self.show_hidden_metrics:``."""
+    names = set()
+    for i, line in enumerate(source_lines):
+        if line.strip() == "if self.show_hidden_metrics:":
+            indent = len(line) - len(line.lstrip())
+            for body in source_lines[i + 1:]:
+                if body.strip() and len(body) - len(body.lstrip()) <= indent:
+                    break
+                names.update(re.findall(r'name="(vllm:[a-z_]+)"', body))
+    return names
+
+
+def test_show_hidden_metrics_brings_back_what_the_matrix_says():
+    # The flag's row lists, per release, the metrics registered only when it is
+    # given; each cell is compared with the names under the flag's `if` blocks.
+    m = versions.load_matrix()
+    (row,) = [r for r in m["rows"] if "--show-hidden-metrics-for-version" in r["claim"]]
+    assert row["cells"][0]["release"] == "0.10.0"
+    for cell in row["cells"]:
+        hidden = _hidden_metrics(_real(cell["release"]).lines("v1/metrics/loggers.py"))
+        listed = cell["value"].split(":", 1)[1]
+        said = set()
+        for name in re.findall(r"vllm:[a-z_]+\*?", listed):
+            said |= {h for h in hidden if h.startswith(name[:-1])} if name.endswith("*") else {name}
+        assert said == hidden, (cell["release"], said, hidden)
+        assert ("none" in listed) == (not hidden), cell["release"]
