@@ -63,3 +63,17 @@ def test_the_table_has_every_row_and_fits_the_column():
         assert s.metric.count("vllm:") >= 1 or s.key.startswith("refused")
     with pytest.raises(ValueError, match="not vLLM's periodic log line"):
         read_log_line("INFO Avg prompt throughput: 3 tokens/s")
+
+
+def test_burst_figure_draws_one_line_per_run_and_the_burst():
+    from pagedkv.sim.conversations import ConversationWorkload, simulate
+    from pagedkv.views.operator import burst_figure
+    w = ConversationWorkload(num_conversations=4, duration_s=300.0, burst_at_s=150.0, burst_requests=4,
+                             burst_prompt_len=128, num_blocks=400)
+    fig = burst_figure({"a": simulate(w), "b": simulate(ConversationWorkload(
+        num_conversations=4, duration_s=300.0, burst_at_s=None, num_blocks=400))}, w.burst_at_s)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()][:2] == ["a", "b"]
+    assert ax.get_lines()[2].get_xdata()[0] == w.burst_at_s / 60  # the dashed burst line
+    with pytest.raises(ValueError, match="at least one"):
+        burst_figure({})

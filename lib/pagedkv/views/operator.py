@@ -237,12 +237,11 @@ def burst_figure(runs: dict, burst_at_s: float | None = None):
     ``runs``: label -> ``ConversationRun``; ``burst_at_s`` draws a dashed
     line where the burst arrives.
     """
-    from matplotlib.figure import Figure
+    import matplotlib.pyplot as plt
 
     if not runs:
         raise ValueError("runs must hold at least one ConversationRun, got none")
-    fig = Figure(figsize=(6.8, 2.8), constrained_layout=True)
-    ax = fig.subplots()
+    fig, ax = plt.subplots(figsize=(6.8, 2.8), constrained_layout=True)
     for label, run in runs.items():
         points = [(t / 60, r * 100) for t, r in run.hit_rates(conversations_only=True) if r is not None]
         ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.3, label=label)
@@ -253,6 +252,7 @@ def burst_figure(runs: dict, burst_at_s: float | None = None):
     ax.set_ylabel("conversation hit rate (%)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=8, loc="lower right")
+    plt.close(fig)  # shown where the notebook returns it, not twice
     return fig
 
 
