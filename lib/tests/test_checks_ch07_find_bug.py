@@ -1,4 +1,6 @@
-"""Exercise 7 part 2's find-the-bug (the merge) and modify-and-measure (the split count) tasks: the answers pass, first attempts are named.
+"""Exercise 7 part 2's find-the-bug (the merge) and modify-and-measure (the split count) tasks.
+
+The answers pass; first attempts are named.
 
 The buggy kernels and their wrappers are the ones the exercise notebooks
 build, the fixes the ones the solution notebooks show; a plausible first

@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 
 import pagedkv  # noqa: F401  -- fixes the Triton mode before the notebooks' kernels are defined
 from pagedkv.checks import ch07b_find_bug

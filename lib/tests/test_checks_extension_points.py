@@ -46,6 +46,9 @@ EXCEPTIONS = {
                                               "the field the scheduler sets",
     ("kernel_probes.py", "counter.count"): "an instance of the module's own LaunchCount",
     ("kernel_probes.py", "cls.run"): "counts Triton launches (a third-party class, restored on exit)",
+    ("kernel_probes.py", "JITFunction.__call__"): "lets an interpreted copy of a kernel call Triton's own "
+                                                  "compiled-mode @jit helpers (a third-party class, "
+                                                  "restored on exit)",
     ("kernel_probes.py", "InterpreterBuilder.create_masked_load"): "records the addresses Triton's "
                                                                    "interpreter loads (restored on exit)",
     ("kernel_probes.py", "InterpreterBuilder.create_masked_store"): "records the addresses Triton's "

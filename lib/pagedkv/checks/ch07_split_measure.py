@@ -26,7 +26,7 @@ from ..kernels.attention_kernel import kernel_launches
 from ..kernels.attention_plan import plan_attention, split_segments
 from ..kernels.residency import MAX_SPLITS
 from ._harness import Checker, CheckReport, Mistake, WrongAnswer, fit_column
-from .kernel_probes import interpreted_kernel
+from .kernel_probes import interpreted_kernel, traced_accesses
 
 __all__ = ["SPLIT_WORKLOAD", "decode_batch", "measure_splits", "check_split_policy", "KEYS"]
 
@@ -48,8 +48,6 @@ def decode_batch(seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed=0
 
 def _traced_run(launches, names: dict) -> dict:
     """Run ``launches`` interpreted; bytes loaded and stored per named tensor."""
-    from triton.runtime.interpreter import InterpreterBuilder
-
     regions = []
     for _, _, args, _ in launches:
         for a in args:
@@ -57,32 +55,15 @@ def _traced_run(launches, names: dict) -> dict:
                 lo = a.data_ptr()
                 regions.append((lo, lo + a.numel() * a.element_size(), names.get(lo, "index"),
                                 a.element_size()))
-    tally: dict = {}
-    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
-
-    def record(kind, ptrs, mask):
-        addr = np.asarray(ptrs.data)
-        live = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
-        addr = addr[live].astype(np.uint64).astype(np.int64)
-        for lo, hi, name, size in regions:
-            n = int(((addr >= lo) & (addr < hi)).sum())
-            if n:
-                tally[kind, name] = tally.get((kind, name), 0) + n * size
-
-    def masked_load(self, ptrs, mask, *a, **k):
-        record("load", ptrs, mask)
-        return load(self, ptrs, mask, *a, **k)
-
-    def masked_store(self, ptrs, value, mask, *a, **k):
-        record("store", ptrs, mask)
-        return store(self, ptrs, value, mask, *a, **k)
-
-    InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store = masked_load, masked_store
-    try:
+    with traced_accesses(any_machine=True) as accesses:
         for kernel, grid, args, kwargs in launches:
             interpreted_kernel(kernel)[grid](*args, **kwargs)
-    finally:
-        InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store = load, store
+    tally: dict = {}
+    for access in accesses:
+        for lo, hi, name, size in regions:
+            n = int(((access.addresses >= lo) & (access.addresses < hi)).sum())
+            if n:
+                tally[access.kind, name] = tally.get((access.kind, name), 0) + n * size
     return tally
 
 

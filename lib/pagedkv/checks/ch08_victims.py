@@ -30,7 +30,8 @@ from ..engine import EngineRequest, ModelRunnerOutput, Scheduler
 from ..kv_cache_manager import KVCacheManager
 from ._harness import Checker, CheckReport, WrongAnswer
 
-__all__ = ["VICTIM_WORKLOAD", "Run", "drive", "victim_loop", "newest", "check_victim_policy", "METRICS"]
+__all__ = ["VICTIM_WORKLOAD", "POOL", "Run", "MeasuredScheduler", "drive", "victim_loop", "newest",
+           "check_victim_policy", "METRICS"]
 
 #: (request id, prompt tokens, tokens to generate, arrival step, priority: smaller runs first)
 VICTIM_WORKLOAD = (("A", 6, 14, 0, 1), ("B", 9, 12, 0, 0), ("C", 3, 16, 1, 2), ("D", 5, 10, 2, 0),
@@ -78,28 +79,36 @@ def victim_loop(choose_victim):
     return loop
 
 
+class MeasuredScheduler(Scheduler):
+    """A ``Scheduler`` that records each preemption (the subclass overrides ``preempt``, then defers)."""
+
+    #: (step, victim id, its computed tokens, every running request's computed tokens), per preemption
+    victims: list
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.victims = []
+
+    def preempt(self, victim) -> None:
+        self.victims.append((self.step_count, victim.request_id, victim.num_computed_tokens,
+                             {r.request_id: r.num_computed_tokens for r in self.running}))
+        super().preempt(victim)
+
+
 def drive(loop, workload=VICTIM_WORKLOAD, *, max_num_seqs: int | None = None, stop_at_broken: bool = True) -> Run:
     """Run ``workload`` on a fresh scheduler with ``loop``; measure (see the module docstring)."""
     manager = KVCacheManager(POOL["num_blocks"] + 1, block_size=POOL["block_size"], enable_caching=True)
-    s = Scheduler(manager, max_num_seqs=max_num_seqs or POOL["max_num_seqs"],
-                  max_num_batched_tokens=POOL["max_num_batched_tokens"], max_model_len=64,
-                  allocate_with_preemption=loop)
-    run = Run()
-    preempt = s.preempt
-
-    def measured_preempt(victim):  # the scheduler's own preempt, counted
-        run.preemptions += 1
-        run.recomputed += victim.num_computed_tokens
-        run.victims.append((s.step_count, victim.request_id, victim.num_computed_tokens,
-                            {r.request_id: r.num_computed_tokens for r in s.running}))
-        preempt(victim)
-
-    s.preempt = measured_preempt
+    s = MeasuredScheduler(manager, max_num_seqs=max_num_seqs or POOL["max_num_seqs"],
+                          max_num_batched_tokens=POOL["max_num_batched_tokens"], max_model_len=64,
+                          allocate_with_preemption=loop)
     pending = sorted(workload, key=lambda w: w[3])
     first: dict = {}
-    while (pending or s.has_requests()) and run.steps < _MAX_STEPS:
-        run.steps += 1
-        while pending and pending[0][3] < run.steps:
+    summaries: list = []
+    broke = None
+    steps = 0
+    while (pending or s.has_requests()) and steps < _MAX_STEPS:
+        steps += 1
+        while pending and pending[0][3] < steps:
             rid, prompt, max_tokens, arrival, priority = pending.pop(0)
             s.add_request(EngineRequest(rid, [ord(rid)] * prompt, max_tokens=max_tokens, ignore_eos=True,
                                         arrival=arrival, priority=priority))
@@ -107,17 +116,18 @@ def drive(loop, workload=VICTIM_WORKLOAD, *, max_num_seqs: int | None = None, st
         done = {r: 7 for r, n in out.num_scheduled_tokens.items()
                 if out.num_computed_tokens[r] + n >= s.requests[r].num_tokens}
         for r in done:
-            first.setdefault(r, run.steps)
-        run.summaries.append(out.summary())
+            first.setdefault(r, steps)
+        summaries.append(out.summary())
         s.update_from_output(out, ModelRunnerOutput(done))
         try:
             s.check()
         except InvariantError as exc:
-            run.broke = (run.steps, str(exc))
+            broke = broke or (steps, str(exc))
             if stop_at_broken:
                 break
-    run.ttft = {w[0]: first[w[0]] - w[3] for w in workload if w[0] in first}
-    return run
+    return Run(steps=steps, preemptions=len(s.victims), recomputed=sum(v[2] for v in s.victims),
+               ttft={w[0]: first[w[0]] - w[3] for w in workload if w[0] in first}, victims=s.victims,
+               broke=broke, summaries=summaries)
 
 
 def _direction(mine, base) -> str:

@@ -271,14 +271,16 @@ class Access:
 
 
 @contextmanager
-def traced_accesses():
+def traced_accesses(*, any_machine: bool = False):
     """Record every live lane of every ``tl.load`` and ``tl.store`` with its program (interpreter only).
 
     ``with traced_accesses() as accesses: ...`` fills ``accesses`` with
     ``Access`` records in launch order; compiled kernels leave it empty.
+    ``any_machine=True`` records on a GPU machine too, for kernels launched
+    through ``interpreted_kernel``.
     """
     accesses: list[Access] = []
-    if not interpreted():
+    if not (any_machine or interpreted()):
         yield accesses
         return
     from triton.runtime.interpreter import InterpreterBuilder
