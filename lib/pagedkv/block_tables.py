@@ -211,7 +211,7 @@ class BlockTables:
         of ``num_computed_tokens`` is batch entry ``i``'s first position. Entry
         ``j`` is nulled when ``(j + 1) * block_size <= first - reach``: no
         query of this step reads it (vLLM's ``_gather_block_tables_kernel``,
-        ``v1/worker/gpu/block_table.py:311-321``).
+        ``v1/worker/gpu/block_table.py:275-330``).
         """
         if len(tables) != self.num_kv_cache_groups:
             raise ValueError(f"expected {self.num_kv_cache_groups} gathered tables, got {len(tables)}")

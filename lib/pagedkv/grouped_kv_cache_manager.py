@@ -1,6 +1,6 @@
 """``KVCacheManager`` over a coordinator: a model whose layers form several KV-cache groups.
 
-vLLM 0.33.0's ``KVCacheManager`` (``v1/core/kv_cache_manager.py:131-935``)
+vLLM 0.33.0's ``KVCacheManager`` (``v1/core/kv_cache_manager.py:131-931``)
 never touches a table itself: it asks its coordinator
 (``pagedkv.kv_cache_coordinator``), which asks one manager per group. The
 book's ``KVCacheManager`` (``pagedkv.kv_cache_manager``) folds the unitary
