@@ -117,6 +117,10 @@ _budget_settings = st.fixed_dictionaries({
     "custom_head_dim": st.one_of(st.sampled_from([64, 128, 256]), st.integers(1, 4_096)),
     "custom_params_b": st.one_of(st.integers(0, 20_000).map(lambda k: k / 10),
                                  st.floats(min_value=0, max_value=2_000)),
+    "custom_sliding_layers": st.one_of(st.just(0), st.just(0), st.integers(0, 64), st.integers(0, 1_000)),
+    "custom_window": st.one_of(st.sampled_from([128, 512, 1_024, 4_096]), st.integers(1, 131_072)),
+    "max_num_batched_tokens": st.sampled_from([2_048, 8_192, 16_384]),
+    "max_concurrent_batches": st.sampled_from([1, 2]),
     "dtype": st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
     "tensor_parallel_size": st.sampled_from([1, 2, 4, 8, 1, 2, 4, 8, 3, 16]),
     "gpu_memory_utilization": st.one_of(st.integers(50, 100).map(lambda k: k / 100),
@@ -227,17 +231,126 @@ def test_budget_module_refuses_a_bad_typed_figure_in_the_librarys_words(budget_j
              ({"custom_layers": 0}, "custom layers must be a whole number from 1 to 1,000"),
              ({"custom_kv_heads": None}, "custom KV heads must be a whole number from 1 to 1,000"),
              ({"custom_head_dim": 12.5}, "custom head_dim must be a whole number from 1 to 4,096"),
-             ({"custom_params_b": -0.1}, "custom params (B) must be a number from 0 to 2,000")]
+             ({"custom_params_b": -0.1}, "custom params (B) must be a number from 0 to 2,000"),
+             ({"custom_sliding_layers": 2.5}, "custom sliding layers must be a whole number from 0 to 1,000"),
+             ({"custom_window": 0}, "custom sliding window must be a whole number from 1 to 131,072"),
+             ({"custom_sliding_layers": 33}, "custom sliding layers (33) must be at most custom layers (32)")]
     for case, message in cases:
         inputs = explorables.budget_inputs({**ref, **case}, config)
         expected = explorables.budget_figures(inputs)
-        assert expected == {"verdict": "invalid", "message": message, "rows": [], "log": [], "parts": []}
+        assert expected == {"verdict": "invalid", "message": message, "rows": [], "log": [], "parts": [],
+                            "groups": []}
         assert budget_js("compute", inputs, config) == expected, case
         assert budget_js("render", expected, config) == explorables.render_budget(expected, config)
     # a preset model ignores the custom fields, whatever they hold
     preset = explorables.budget_inputs({**ref, "model": "Llama-3.1-8B", "custom_layers": -3}, config)
     assert budget_js("compute", preset, config) == explorables.budget_figures(preset)
     assert explorables.budget_figures(preset)["verdict"] == "ok"
+
+
+# ------------------------------------------------ chapter 1's budget: sliding-window hybrids
+
+@st.composite
+def hybrid_inputs(draw):
+    """A custom model with sliding-window layers, mostly of shapes that leave a pool and pass the
+    heads check, so the group plan gets to speak; windows on and off a block boundary."""
+    layers = draw(st.integers(1, 100))
+    block_size = draw(st.one_of(st.sampled_from([1, 8, 16, 32, 64, 128]), st.integers(1, 256)))
+    max_model_len = draw(st.one_of(st.sampled_from(explorables.BUDGET_MAX_MODEL_LENS), st.integers(1, 2**17)))
+    batched, batches = draw(st.sampled_from([2_048, 8_192, 16_384])), draw(st.sampled_from([1, 2]))
+    boundary = max(1, block_size * draw(st.integers(1, 64)) + 1 - batched * batches)  # w - 1 + in flight = k x B
+    window = draw(st.one_of(st.sampled_from([128, 512, 1_024, 4_096, boundary]), st.integers(1, max_model_len),
+                            st.integers(1, 131_072)))
+    return {"gpu": draw(st.sampled_from(list(budget.GPUS))), "gpu_mib": 0, "model": "custom",
+            "custom_layers": layers, "custom_sliding_layers": draw(st.integers(1, layers)),
+            "custom_window": window, "custom_kv_heads": draw(st.sampled_from([1, 2, 4, 8, 16])),
+            "custom_head_dim": draw(st.sampled_from([64, 128, 256])),
+            "custom_params_b": draw(st.integers(0, 400).map(lambda k: k / 10)),
+            "dtype": draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])),
+            "tensor_parallel_size": draw(st.sampled_from([1, 2, 4, 8])),
+            "gpu_memory_utilization": draw(st.integers(50, 100).map(lambda k: k / 100)),
+            "non_kv_gib": draw(st.integers(0, 24).map(lambda k: k / 2)), "block_size": block_size,
+            "request_len": draw(st.integers(1, 2**17)), "weight_gib": None, "max_model_len": max_model_len,
+            "max_num_batched_tokens": batched, "max_concurrent_batches": batches}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs=hybrid_inputs())
+def test_a_custom_hybrid_gets_the_librarys_groups_blocks_and_concurrency(budget_js, inputs):
+    expected = explorables.budget_figures(inputs)
+    assert budget_js("compute", inputs, BUDGET_CONFIG) == expected
+    assert budget_js("render", expected, BUDGET_CONFIG) == explorables.render_budget(expected, BUDGET_CONFIG)
+
+
+# Shapes from the models' config.json files (the KV-cache shape only; the weights are typed).
+# https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+               "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
+               "layer_types": ["sliding_attention", "full_attention"] * 12,
+               "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+# https://huggingface.co/google/gemma-3-1b-it/blob/main/config.json
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4,
+             "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+             "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("config, gpu, tp, max_model_len, block_size, dtype, weight_gib, batched, batches", [
+    (GPT_OSS_20B, "H100 SXM 80GB", 1, 131_072, 16, "bf16", 13.0, 8_192, 2),
+    (GPT_OSS_20B, "L4", 1, 131_072, 16, "bf16", 13.0, 2_048, 2),      # refused: the check by groups
+    (GPT_OSS_20B, "H200", 2, 65_536, 32, "fp8", 13.0, 8_192, 1),
+    (GPT_OSS_20B, "H100 SXM 80GB", 1, 1_000, 16, "bf16", 13.0, 8_192, 2),  # window + in flight > length
+    (dict(GPT_OSS_20B, sliding_window=129), "H100 SXM 80GB", 1, 131_072, 16, "bf16", 13.0, 8_192, 2),
+    # 129 - 1 + 16,384 tokens fill 1,032 blocks exactly: the window's extra block still counts
+    (GEMMA3_1B, "L4", 1, 32_768, 16, "bf16", 2.0, 2_048, 2),
+    (GEMMA3_1B, "RTX 4090", 1, 32_768, 64, "fp32", 2.0, 8_192, 1),
+    (dict(GPT_OSS_20B, layer_types=["sliding_attention"] * 24), "A100 SXM 40GB", 1, 131_072, 16, "bf16",
+     13.0, 8_192, 2),                                                   # every layer windowed: one group
+])
+def test_the_calculator_plans_real_hybrids_as_kv_cache_planning_does(budget_js, config, gpu, tp, max_model_len,
+                                                                     block_size, dtype, weight_gib, batched,
+                                                                     batches):
+    """A real config's layer counts typed into the custom model give kv_cache_planning's plan of the
+    config itself: its groups, blocks, "Maximum concurrency" line and startup verdict."""
+    from pagedkv.kv_cache_planning import check_enough_memory, plan_kv_cache
+    m = budget.model_spec_from_config(config)
+    values = {"gpu": gpu, "model": "custom", "dtype": dtype, "tensor_parallel_size": tp,
+              "gpu_memory_utilization": 0.9, "max_model_len": max_model_len, "block_size": block_size,
+              "custom_layers": m.num_layers, "custom_kv_heads": m.num_kv_heads, "custom_head_dim": m.head_dim,
+              "custom_sliding_layers": m.layer_kinds.count("sliding_attention"),
+              "custom_window": config["sliding_window"], "max_num_batched_tokens": batched,
+              "max_concurrent_batches": batches}
+    config_js = explorables.budget_config(weights={"custom": weight_gib})
+    inputs = explorables.budget_inputs(values, config_js)
+    figures = budget_js("compute", inputs, config_js)
+    assert figures == explorables.budget_figures(inputs)
+
+    pool = budget.kv_pool_bytes(budget.gpu_spec(gpu).total_bytes, 0.9, weight_gib * budget.GiB / tp,
+                                6.0 * budget.GiB)
+    plan = plan_kv_cache(config, pool, max_model_len=max_model_len, block_size=block_size,
+                         kv_cache_dtype={"fp32": "float32"}.get(dtype, dtype), tensor_parallel_size=tp,
+                         max_num_batched_tokens=batched, max_concurrent_batches=batches, check=False)
+    assert figures["groups"] == [list(r) for r in plan.group_rows()]
+    assert [f"blocks of {block_size}", f"{plan.num_blocks:,}"] in figures["rows"]
+    assert figures["log"][1] == plan.log_line()
+    try:
+        check_enough_memory(plan)
+        assert figures["verdict"] == "ok"
+    except ValueError as exc:
+        assert figures["verdict"] == "refused" and figures["message"] == str(exc)
+    assert len(plan.groups) > 1 or config["layer_types"] == ["sliding_attention"] * 24
+
+
+def test_the_calculator_refuses_a_window_longer_than_the_context_naming_the_layer(budget_js):
+    config = explorables.budget_config()
+    inputs = explorables.budget_inputs({"gpu": "H100 SXM 80GB", "model": "custom", "dtype": "bf16",
+                                        "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
+                                        "max_model_len": 4_096, "block_size": 16, "custom_sliding_layers": 20,
+                                        "custom_window": 8_192}, config)
+    figures = budget_js("compute", inputs, config)
+    assert figures == explorables.budget_figures(inputs)
+    assert figures["verdict"] == "invalid" and figures["message"] == (
+        "layer model.layers.0.self_attn: sliding_window=8192 is larger than max_model_len=4096, "
+        "so the window never slides")
 
 
 def test_the_static_output_is_the_default_settings_figures_and_the_controls_wait_for_the_script():

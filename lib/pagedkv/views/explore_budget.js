@@ -4,18 +4,23 @@
    and budget.startup_log_lines redone in JavaScript, operation for operation,
    on doubles as Python computes them; the agreement test holds it to the
    library's figures (explorables.budget_figures) on hundreds of generated
-   inputs. config carries the library's tables (models, GPUs, dtype bytes), so
+   inputs. A custom model with sliding-window layers is planned by KV-cache
+   groups as pagedkv.kv_cache_planning.plan_kv_cache plans it (groupPlan);
+   chunked local attention, Mamba state and MLA are not offered. config carries the library's tables (models, GPUs, dtype bytes), so
    no spec is typed twice. Errors are vLLM's messages as budget.py words them.
 
    inputs   gpu, gpu_mib (0: the GPU's own), model (or 'custom', shaped by
-            custom_layers, custom_kv_heads, custom_head_dim, custom_params_b),
+            custom_layers, custom_kv_heads, custom_head_dim, custom_params_b,
+            custom_sliding_layers of them with a window of custom_window),
             dtype, tensor_parallel_size, gpu_memory_utilization, non_kv_gib,
             max_model_len, block_size, request_len, weight_gib (null: from
             the parameter count)
    figures  verdict ('ok', 'refused': the startup check's message, 'invalid':
             a typed figure out of bounds, or the pool is empty), message, rows
             (the plan's table), log (the two INFO lines), parts (weights,
-            non-KV, KV pool, headroom in GiB)
+            non-KV, KV pool, headroom in GiB), groups ([kind, layers, tokens
+            per block, blocks per max_model_len request] per KV-cache group;
+            empty for a model of full-attention layers only)
 */
 pkvExplore.kinds.budget = (function (X) {
   'use strict';
@@ -48,6 +53,10 @@ pkvExplore.kinds.budget = (function (X) {
           X.int(f[3]);
       }
     }
+    if (inp.model === 'custom' && inp.custom_sliding_layers > inp.custom_layers) {
+      return 'custom sliding layers (' + X.int(inp.custom_sliding_layers) + ') must be at most ' +
+        'custom layers (' + X.int(inp.custom_layers) + ')';
+    }
     return null;
   }
 
@@ -56,7 +65,42 @@ pkvExplore.kinds.budget = (function (X) {
     if (inp.model !== 'custom') return config.models[inp.model];
     return {name: 'the custom model', num_layers: inp.custom_layers, num_kv_heads: inp.custom_kv_heads,
             head_dim: inp.custom_head_dim, num_params: Math.trunc(inp.custom_params_b * 1e9),
-            native_context: config.custom_context};
+            native_context: config.custom_context, sliding: inp.custom_sliding_layers,
+            window: inp.custom_window};
+  }
+
+  // The KV-cache groups of a model with `sliding` of its layers windowed
+  // (kv_cache_planning.plan_kv_cache over kv_cache_spec.get_kv_cache_groups).
+  // Both kinds have the same heads, so their pages are equal and unification
+  // changes nothing. Layer 0 is sliding, so the sliding kind is grouped first.
+  // Each kind splits into cdiv(n, groupSize) groups of layers[i::k], so one
+  // block id costs a page times the layers of the largest group.
+  function groupPlan(m, page, bs, maxLen, inFlight) {
+    if (m.window > maxLen) {
+      throw new Refusal('layer model.layers.0.self_attn: sliding_window=' + m.window + ' is larger ' +
+                        'than max_model_len=' + maxLen + ', so the window never slides');
+    }
+    var kinds = [{name: 'sliding window ' + X.int(m.window), n: m.sliding, window: m.window}];
+    if (m.num_layers > m.sliding) kinds.push({name: 'full attention', n: m.num_layers - m.sliding});
+    var counts = kinds.map(function (k) { return k.n; });
+    var lo = Math.min.apply(null, counts), hi = Math.max.apply(null, counts);
+    var size = hi < lo * 1.5 ? hi : lo, groups = [], widest = 0;
+    kinds.forEach(function (k) {
+      var num = X.cdiv(k.n, size);
+      for (var i = 0; i < num; i++) {
+        var layers = X.cdiv(k.n - i, num);  // len(names[i::num])
+        groups.push({kind: k.name, layers: layers, window: k.window});
+        widest = Math.max(widest, layers);
+      }
+    });
+    // Blocks one request of n tokens holds at most in a group: a window keeps
+    // its last window - 1 tokens plus those in flight, and one more block.
+    function need(g, n) {
+      return g.window === undefined ? X.cdiv(n, bs) : X.cdiv(Math.min(g.window - 1 + inFlight, n), bs) + 1;
+    }
+    return {groups: groups, page: page, perBlock: page * widest,
+            blocks: function (n) { return groups.reduce(function (t, g) { return t + need(g, n); }, 0); },
+            rows: function () { return groups.map(function (g) { return [g.kind, g.layers, bs, need(g, maxLen)]; }); }};
   }
 
   function plan(inp, config) {
@@ -74,13 +118,16 @@ pkvExplore.kinds.budget = (function (X) {
                         X.fixed(nonKv / GiB, 2) + ' GiB non-KV = ' + X.fixed(pool / GiB, 2) + ' GiB');
     }
     var heads = headsPerRank(m, tp);
-    var perBlock = inp.block_size * 2 * heads * m.head_dim * bytes * m.num_layers;
+    var page = inp.block_size * 2 * heads * m.head_dim * bytes;
+    var groups = m.sliding ? groupPlan(m, page, inp.block_size, inp.max_model_len,
+                                       inp.max_concurrent_batches * inp.max_num_batched_tokens) : null;
+    var perBlock = groups ? groups.perBlock : page * m.num_layers;
     var blocks = X.floorDiv(pool, perBlock);
     var perToken = 2 * m.num_layers * heads * m.head_dim * bytes;
-    var perRequest = X.cdiv(inp.request_len, inp.block_size);
+    var perRequest = groups ? groups.blocks(inp.request_len) : X.cdiv(inp.request_len, inp.block_size);
     return {model: m, tp: tp, total: total, util: util, weights: w, nonKv: nonKv, pool: pool,
             perBlock: perBlock, perToken: perToken, blocks: blocks, bs: inp.block_size,
-            maxLen: inp.max_model_len, requestLen: inp.request_len,
+            maxLen: inp.max_model_len, requestLen: inp.request_len, groups: groups,
             contiguous: X.floorDiv(pool, inp.max_model_len * perToken),
             // what fits: the null block never holds a token (budget.paged_ceiling)
             ceiling: X.floorDiv(Math.max(blocks - 1, 0), perRequest)};
@@ -100,9 +147,18 @@ pkvExplore.kinds.budget = (function (X) {
     }
     var usable = p.pool - p.perBlock;  // the null block never holds a token
     if (usable <= 0) return NO_MEMORY;
-    var needed = X.cdiv(p.maxLen, p.bs) * p.perBlock;
+    var fits, needed = (p.groups ? p.groups.blocks(p.maxLen) : X.cdiv(p.maxLen, p.bs)) * p.perBlock;
     if (needed <= usable) return null;
-    var fits = Math.min(X.floorDiv(usable, p.perBlock) * p.bs, p.maxLen);
+    if (p.groups) {  // the longest length whose blocks fit: vLLM's binary search
+      var lo = 1, hi = p.maxLen, mid;
+      fits = 0;
+      while (lo <= hi) {
+        mid = Math.floor((lo + hi) / 2);
+        if (p.groups.blocks(mid) * p.perBlock <= usable) { fits = mid; lo = mid + 1; } else { hi = mid - 1; }
+      }
+    } else {
+      fits = Math.min(X.floorDiv(usable, p.perBlock) * p.bs, p.maxLen);
+    }
     var estimate = fits > 0 ? 'Based on the available memory, the estimated maximum model length is ' +
                               fits + '. ' : '';
     return "To serve at least one request with the model's max seq len (" + p.maxLen + '), (' +
@@ -117,6 +173,13 @@ pkvExplore.kinds.budget = (function (X) {
     var per = p.tp > 1 ? ' per GPU' : '';
     var out = [['GPU memory', X.fixed(p.total / GiB, 2) + ' GiB']];
     if (p.tp > 1) out.push(['tensor_parallel_size', String(p.tp)]);
+    if (p.groups) {
+      var kinds = p.groups.groups.map(function (g) { return g.kind; }).filter(function (k, i, all) {
+        return all.indexOf(k) === i;
+      }).sort();
+      out.push(['KV-cache groups', p.groups.groups.length + ' (' + kinds.join(', ') + ')'],
+               ['page per layer', X.fixed(p.groups.page / KiB, 0, ',') + ' KiB']);
+    }
     return out.concat([
       ['KV bytes per token' + per, X.fixed(p.perToken / KiB, 0, ',') + ' KiB'],
       ['weights' + per, X.fixed(p.weights / GiB, 2) + ' GiB'],
@@ -128,8 +191,10 @@ pkvExplore.kinds.budget = (function (X) {
       ['paged ceiling at ' + X.int(p.requestLen) + ' tokens', X.int(p.ceiling)]]);
   }
 
+  // "Maximum concurrency": all blocks, the null block included, over one
+  // max_model_len request's blocks summed over groups.
   function logLines(p) {
-    var concurrency = p.blocks / X.cdiv(p.maxLen, p.bs);
+    var concurrency = p.blocks / (p.groups ? p.groups.blocks(p.maxLen) : X.cdiv(p.maxLen, p.bs));
     return ['Available KV cache memory: ' + X.round2(p.pool / GiB) + ' GiB',
             'GPU KV cache size: ' + X.int(Math.trunc(concurrency * p.maxLen)) + ' tokens, ' +
             'Maximum concurrency for ' + X.int(p.maxLen) + ' tokens per request: ' +
@@ -138,19 +203,20 @@ pkvExplore.kinds.budget = (function (X) {
 
   function compute(inp, config) {
     var p, bad = refusal(inp, config);
-    if (bad) return {verdict: 'invalid', message: bad, rows: [], log: [], parts: []};
+    if (bad) return {verdict: 'invalid', message: bad, rows: [], log: [], parts: [], groups: []};
     try {
       p = plan(inp, config);
     } catch (e) {
       if (!(e instanceof Refusal)) throw e;
-      return {verdict: 'invalid', message: e.message, rows: [], log: [], parts: []};
+      return {verdict: 'invalid', message: e.message, rows: [], log: [], parts: [], groups: []};
     }
     var error = startupError(p);
     var fits = 'one request of max_model_len=' + X.int(p.maxLen) + ' fits.';
     var parts = [['weights', p.weights], ['non-KV allowance', p.nonKv], ['KV pool', p.pool],
                  ['headroom', p.total * (1 - p.util)]];
     return {verdict: error ? 'refused' : 'ok', message: error || fits, rows: rows(p), log: logLines(p),
-            parts: parts.map(function (kv) { return [kv[0], X.fixed(kv[1] / GiB, 2)]; })};
+            parts: parts.map(function (kv) { return [kv[0], X.fixed(kv[1] / GiB, 2)]; }),
+            groups: p.groups ? p.groups.rows() : []};
   }
 
   // The controls' values, with what the page fixes: the request length, the
@@ -181,6 +247,13 @@ pkvExplore.kinds.budget = (function (X) {
       out += "<table class='pkv-table'>" + f.rows.map(function (kv) {
         return '<tr><td>' + X.esc(kv[0]) + '</td><td>' + X.esc(kv[1]) + '</td></tr>';
       }).join('') + '</table>';
+    }
+    if (f.groups.length) {
+      out += "<table class='pkv-table'><tr><th>group</th><th>layers</th><th>tokens per block</th>" +
+        '<th>blocks per request</th></tr>' + f.groups.map(function (g, i) {
+          return '<tr><td>' + i + ': ' + X.esc(g[0]) + '</td><td>' + X.int(g[1]) + '</td><td>' + X.int(g[2]) +
+            '</td><td>' + X.int(g[3]) + '</td></tr>';
+        }).join('') + '</table>';
     }
     if (f.log.length) {
       out += "<div class='pkv-log'>" + f.log.map(function (line) {

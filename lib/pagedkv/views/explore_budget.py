@@ -4,6 +4,14 @@ The controls are a GPU, a model, the KV dtype, ``tensor_parallel_size``,
 ``gpu_memory_utilization``, ``max_model_len``, the block size and the figures a
 reader types from their own server: the non-KV GiB it logged, the GPU's memory
 in MiB, a custom model's shape. The figures are :func:`pagedkv.budget.plan`'s.
+
+A custom model may have sliding-window layers beside its full-attention ones
+(gpt-oss, Gemma 3): ``custom_sliding_layers`` of its layers attend to a window
+of ``custom_window`` tokens, and the pool is planned by KV-cache groups as
+vLLM 0.33.0 plans it (:func:`pagedkv.kv_cache_planning.plan_kv_cache`, with
+``vllm serve``'s scheduler budget on an H100: 8,192 batched tokens, two
+batches in flight). Chunked local attention, linear-attention (Mamba) state
+and MLA are not offered here; ``budget.plan`` sizes them from a config.json.
 """
 
 from __future__ import annotations
@@ -25,11 +33,17 @@ BUDGET_FIELDS = [("non_kv_gib", "non-KV GiB", 0, 40, False),
                  ("custom_layers", "custom layers", 1, 1_000, True),
                  ("custom_kv_heads", "custom KV heads", 1, 1_000, True),
                  ("custom_head_dim", "custom head_dim", 1, 4_096, True),
-                 ("custom_params_b", "custom params (B)", 0, 2_000, False)]
+                 ("custom_params_b", "custom params (B)", 0, 2_000, False),
+                 ("custom_sliding_layers", "custom sliding layers", 0, 1_000, True),
+                 ("custom_window", "custom sliding window", 1, 131_072, True)]
 CUSTOM = "custom"
 CUSTOM_CONTEXT = 131_072  # the custom model's context: the largest max_model_len offered
 BUDGET_DEFAULTS = {"non_kv_gib": 6.0, "gpu_mib": 0, "custom_layers": 32, "custom_kv_heads": 8,
-                   "custom_head_dim": 128, "custom_params_b": 8.0}
+                   "custom_head_dim": 128, "custom_params_b": 8.0, "custom_sliding_layers": 0,
+                   "custom_window": 128}
+# vllm serve's scheduler budget on an H100 or H200 in 0.33.0: what a sliding
+# window's group holds beyond its window (max_concurrent_batches x tokens).
+SCHEDULER = {"max_num_batched_tokens": 8192, "max_concurrent_batches": 2}
 
 
 def budget_config(non_kv_gib: float = 6.0, request_len: int = 612,
@@ -41,7 +55,7 @@ def budget_config(non_kv_gib: float = 6.0, request_len: int = 612,
         "gpus": {name: g.total_mib for name, g in budget.GPUS.items()},
         "dtype_bytes": dict(budget.DTYPE_BYTES),
         "colors": dict(BUDGET_COLORS),
-        "fixed": {**BUDGET_DEFAULTS, "non_kv_gib": non_kv_gib, "request_len": request_len},
+        "fixed": {**BUDGET_DEFAULTS, **SCHEDULER, "non_kv_gib": non_kv_gib, "request_len": request_len},
         "weights": dict(weights or {}),
         "fields": [list(f) for f in BUDGET_FIELDS],
         "custom_context": CUSTOM_CONTEXT,
@@ -65,7 +79,19 @@ def budget_refusal(inputs: dict) -> str | None:
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                 or not lo <= v <= hi or (whole and not float(v).is_integer())):
             return f"{label} must be a {'whole ' if whole else ''}number from {lo:,} to {hi:,}"
+    if inputs["model"] == CUSTOM and inputs["custom_sliding_layers"] > inputs["custom_layers"]:
+        return (f"custom sliding layers ({int(inputs['custom_sliding_layers']):,}) must be at most "
+                f"custom layers ({int(inputs['custom_layers']):,})")
     return None
+
+
+def custom_layer_kinds(layers: int, sliding: int) -> tuple[str, ...]:
+    """The custom model's layers, its full-attention ones spread evenly among
+    the sliding ones and layer 0 sliding, as in gpt-oss (alternating) and
+    Gemma 3 (five sliding, then one full)."""
+    full = layers - sliding
+    return tuple("full_attention" if (i + 1) * full // layers > i * full // layers
+                 else "sliding_attention" for i in range(layers))
 
 
 def budget_specs(inputs: dict) -> tuple:
@@ -76,10 +102,14 @@ def budget_specs(inputs: dict) -> tuple:
         gpu = budget.GPUSpec.from_mib(mib, f"{mib:,} MiB")
     model = inputs["model"]
     if model == CUSTOM:
-        heads = int(inputs["custom_kv_heads"])
-        model = budget.ModelSpec("the custom model", int(inputs["custom_layers"]), heads, heads,
-                                 int(inputs["custom_head_dim"]), int(inputs["custom_params_b"] * 1e9),
-                                 CUSTOM_CONTEXT, CUSTOM_CONTEXT)
+        heads, layers = int(inputs["custom_kv_heads"]), int(inputs["custom_layers"])
+        shape = ("the custom model", layers, heads, heads, int(inputs["custom_head_dim"]),
+                 int(inputs["custom_params_b"] * 1e9), CUSTOM_CONTEXT, CUSTOM_CONTEXT)
+        sliding = int(inputs["custom_sliding_layers"])
+        if not sliding:
+            return gpu, budget.ModelSpec(*shape)
+        model = budget.ConfigModelSpec(*shape, layer_kinds=custom_layer_kinds(layers, sliding),
+                                       config={"sliding_window": int(inputs["custom_window"])})
     return gpu, model
 
 
@@ -87,17 +117,22 @@ def budget_figures(inputs: dict) -> dict:
     """The library's figures for one setting of the calculator: the plan, the startup check, the log."""
     refusal = budget_refusal(inputs)
     if refusal:
-        return {"verdict": "invalid", "message": refusal, "rows": [], "log": [], "parts": []}
+        return {"verdict": "invalid", "message": refusal, "rows": [], "log": [], "parts": [], "groups": []}
     gpu, model = budget_specs(inputs)
+    dtype = inputs["dtype"]
+    if getattr(model, "grouped", False):  # the group planner spells fp32 "float32"
+        dtype = {"fp32": "float32"}.get(dtype, dtype)
     try:
-        p = budget.plan(gpu=gpu, model=model, dtype=inputs["dtype"],
+        p = budget.plan(gpu=gpu, model=model, dtype=dtype,
                         gpu_memory_utilization=inputs["gpu_memory_utilization"],
                         non_kv_gib=inputs["non_kv_gib"], max_model_len=inputs["max_model_len"],
                         block_size=inputs["block_size"], request_len=inputs["request_len"],
                         weight_gib=inputs["weight_gib"],
-                        tensor_parallel_size=inputs["tensor_parallel_size"])
+                        tensor_parallel_size=inputs["tensor_parallel_size"],
+                        max_num_batched_tokens=inputs["max_num_batched_tokens"],
+                        max_concurrent_batches=inputs["max_concurrent_batches"])
     except ValueError as exc:
-        return {"verdict": "invalid", "message": str(exc), "rows": [], "log": [], "parts": []}
+        return {"verdict": "invalid", "message": str(exc), "rows": [], "log": [], "parts": [], "groups": []}
     error = startup_error(p)
     return {
         "verdict": "refused" if error else "ok",
@@ -105,6 +140,8 @@ def budget_figures(inputs: dict) -> dict:
         "rows": [list(r) for r in p.rows()],
         "log": budget.startup_log_lines(p),
         "parts": [[k, f"{v:.2f}"] for k, v in budget_parts(p).items()],
+        # (kind, layers, tokens per block, blocks per max_model_len request), by group
+        "groups": [] if p.kv_plan is None else [list(g) for g in p.kv_plan.group_rows()],
     }
 
 
@@ -126,6 +163,11 @@ def render_budget(f: dict, config: dict) -> str:
     if f["rows"]:
         out += "<table class='pkv-table'>" + "".join(
             f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in f["rows"]) + "</table>"
+    if f["groups"]:
+        out += ("<table class='pkv-table'><tr><th>group</th><th>layers</th><th>tokens per block</th>"
+                "<th>blocks per request</th></tr>" + "".join(
+                    f"<tr><td>{i}: {esc(kind)}</td><td>{n:,}</td><td>{bs:,}</td><td>{need:,}</td></tr>"
+                    for i, (kind, n, bs, need) in enumerate(f["groups"])) + "</table>")
     if f["log"]:
         out += "<div class='pkv-log'>" + "".join(f"<div>INFO {esc(line)}</div>" for line in f["log"]) + "</div>"
     return out
@@ -157,7 +199,8 @@ def budget_explorer(gpu: str = "H100 SXM 80GB", model: str = budget.REFERENCE_MO
         Control("gpu", "GPU", gpu, options=list(budget.GPUS)),
         typed["gpu_mib"],
         Control("model", "model", model, options=[*budget.MODELS, CUSTOM]),
-        *(typed[n] for n in ("custom_layers", "custom_kv_heads", "custom_head_dim", "custom_params_b")),
+        *(typed[n] for n in ("custom_layers", "custom_kv_heads", "custom_head_dim", "custom_params_b",
+                                             "custom_sliding_layers", "custom_window")),
         Control("dtype", "KV dtype", dtype, options=["bf16", "fp16", "fp8", "fp32"]),
         Control("tensor_parallel_size", "tensor_parallel_size", tensor_parallel_size, options=[1, 2, 4, 8]),
         Control("gpu_memory_utilization", "gpu_memory_utilization", gpu_memory_utilization,
