@@ -102,7 +102,6 @@ def _diagnose(fn) -> str | None:
 
 _LIBRARY = {
     "SlidingWindowManager.get_num_skipped_tokens": SlidingWindowManager.get_num_skipped_tokens,
-    "SlidingWindowManager._contiguous_blocks_for_hit": SlidingWindowManager._contiguous_blocks_for_hit,
     "SingleTypeKVCacheManager.remove_skipped_blocks": SingleTypeKVCacheManager.remove_skipped_blocks,
     "KVCacheCoordinator.remove_skipped_blocks": KVCacheCoordinator.remove_skipped_blocks,
     "library_skipped_blocks": library_skipped_blocks,
