@@ -49,6 +49,7 @@ LAYERS = [
     {"mamba_manager"},
     {"kv_cache_coordinator"},
     {"kv_cache_manager", "token_pool"},
+    {"grouped_kv_cache_manager"},
     {"kernels"},
     {"request_state", "staged_write"},
     {"block_table", "block_tables"},
