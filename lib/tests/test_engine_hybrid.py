@@ -120,3 +120,24 @@ def _greedy(m, prompt, n):
     for _ in range(n):
         done.append(int(torch.argmax(dense_logits(m, [list(prompt) + done])[0][-1])))
     return done
+
+
+def test_step_history_counts_one_table_of_slots_on_a_grouped_engine(model):
+    """slots_held counts the full-attention table's blocks, not the number of groups."""
+    from pagedkv.engine.stats import StepHistory
+
+    engine = LLMEngine(EngineArgs(block_size=4, num_gpu_blocks_override=160, max_model_len=128,
+                                  max_num_seqs=4, max_num_batched_tokens=24, kernel_backend="torch"), model)
+    history = StepHistory().attach(engine)
+    for i, p in enumerate(prompts(3, 3)):
+        engine.add_request(f"r{i}", p, max_tokens=8)
+    checked = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        record = history.records[-1]
+        longest = sum(max(len(ids) for ids in engine.kv_cache_manager.get_block_ids(r.request_id))
+                      for r in engine.scheduler.running)
+        assert record.slots_held == longest * 4
+        assert record.slots_held >= record.tokens_held
+        checked += bool(engine.scheduler.running)
+    assert checked > 0

@@ -181,7 +181,7 @@ class StepHistory:
         scheduler = engine.scheduler
         hits = {rid: n for rid, n in out.num_prefix_hit_tokens.items() if n}
         manager, block_size = engine.kv_cache_manager, engine.args.block_size
-        slots = sum(len(manager.get_block_ids(r.request_id)) for r in scheduler.running) * block_size
+        slots = sum(_blocks_held(manager.get_block_ids(r.request_id)) for r in scheduler.running) * block_size
         tokens = sum(r.num_computed_tokens for r in scheduler.running)
         self.records.append(StepRecord(
             step=out.step, kv_cache_usage=engine.kv_cache_manager.usage,
@@ -228,3 +228,17 @@ class StepHistory:
     @property
     def peak_usage(self) -> float:
         return max(self.usage, default=0.0)
+
+
+def _blocks_held(block_ids) -> int:
+    """Blocks one request holds, for the slots-against-tokens figure.
+
+    A one-group manager gives a list of ids; a grouped one gives one list per
+    KV-cache group. There the longest list is counted: it is the group that
+    keeps every token (full attention), so ``tokens_held / slots_held`` stays
+    the internal fragmentation of one table, not a sum over groups.
+    """
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return max(len(ids) for ids in block_ids)
+    return len(block_ids)
+
