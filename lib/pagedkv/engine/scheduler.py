@@ -475,7 +475,8 @@ class Scheduler:
             out.num_scheduled_tokens[rid] = num_new_tokens
             out.num_computed_tokens[rid] = num_hit
             out.num_prefix_hit_tokens[rid] = num_hit
-            ids = out.new_block_ids_by_group[rid] = manager.get_blocks(rid).get_block_ids()
+            ids = manager.get_blocks(rid).get_block_ids()
+            out.new_block_ids_by_group[rid] = ids
             out.new_block_ids[rid] = ids[0]
             self._token_budget -= num_new_tokens
 
