@@ -471,3 +471,71 @@ def test_show_hidden_metrics_brings_back_what_the_matrix_says():
             said |= {h for h in hidden if h.startswith(name[:-1])} if name.endswith("*") else {name}
         assert said == hidden, (cell["release"], said, hidden)
         assert ("none" in listed) == (not hidden), cell["release"]
+
+
+RENAMES_END = "0.15.0"  # the releases between cells are read up to here (after it, only the cells)
+RENAMES = {  # the matrix's rename rows: the claim's start -> (old name, new name)
+    "the KV usage gauge's name": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    "the prefix-cache counters' names": ("vllm:gpu_prefix_cache_queries", "vllm:prefix_cache_queries"),
+    "the inter-token latency histogram's name": ("vllm:time_per_output_token_seconds",
+                                                 "vllm:inter_token_latency_seconds"),
+}
+
+
+def _rename_state(wheel, old: str, new: str) -> str:
+    """What a release's loggers.py does with a renamed metric: "old only", "both",
+    "hidden" (the old name only under --show-hidden-metrics-for-version) or "new only"."""
+    registered = _registered_metrics(wheel)
+    if new not in registered:
+        return "old only"
+    if old not in registered:
+        return "new only"
+    return "hidden" if old in _hidden_metrics(wheel.lines("v1/metrics/loggers.py")) else "both"
+
+
+def _says(value: str, old: str) -> str:
+    """The state a cell's words name (see ``_rename_state``)."""
+    if "only with --show-hidden-metrics-for-version" in value:
+        return "hidden"
+    if value.startswith("both"):
+        return "both"
+    return "old only" if value.startswith(old.removeprefix("vllm:")) else "new only"
+
+
+def test_each_rename_cell_is_what_its_release_registers_and_so_are_the_releases_between():
+    # Upgrades from 0.10.x: for the usage gauge, the prefix-cache counters and
+    # the inter-token histogram, each cell's words (both names; the old one
+    # hidden behind the flag, for the previous minor version only; the new one
+    # only) are read from that release's registrations; and every release the
+    # matrix does not list between two cells of one value (0.10.1,
+    # 0.13.0, 0.14.0; not the long runs after 0.15.0, to keep the download
+    # small) registers the same, when it can be read.
+    m = versions.load_matrix()
+    order, read = m["pypi_order"], 0
+    for start, (old, new) in RENAMES.items():
+        (row,) = [r for r in m["rows"] if r["claim"].startswith(start)]
+        cells = {c["release"]: c for c in row["cells"]}
+        for v, cell in cells.items():
+            state = _rename_state(_real(v), old, new)
+            assert _says(cell["value"], old) == state, (start, v, cell["value"], state)
+            if state == "hidden":
+                major, minor = v.split(".")[:2]
+                assert f"--show-hidden-metrics-for-version={major}.{int(minor) - 1}" in cell["value"], (start, v)
+        listed = sorted(cells, key=order.index)
+        for before, after in zip(listed, listed[1:]):
+            if (_says(cells[before]["value"], old) != _says(cells[after]["value"], old)
+                    or order.index(after) > order.index(RENAMES_END)):
+                continue
+            for v in order[order.index(before) + 1:order.index(after)]:
+                found = versions.open_wheel(v, m["platforms"][before])
+                try:
+                    if isinstance(found, str):
+                        raise wheel_members.MemberFetchError(found)
+                    state = _rename_state(found, old, new)
+                except wheel_members.MemberFetchError:
+                    if os.environ.get("CI", "").lower() in ("true", "1"):
+                        raise
+                    continue
+                assert state == _says(cells[before]["value"], old), (start, v, state)
+                read += 1
+    assert read or not os.environ.get("CI"), "no release between the rename cells was read"
