@@ -44,7 +44,8 @@ DEFAULT_BLOCK_SIZE = 16
 KERNEL_BLOCK_ALIGNMENT = 16
 
 _KV_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-              "fp16": "float16", "float32": "float32", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+              "fp16": "float16", "float32": "float32", "fp32": "float32", "fp8": "fp8",
+              "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
 
 # vLLM 0.33.0's error when nothing is left once the null block is held back

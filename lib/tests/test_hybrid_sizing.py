@@ -302,3 +302,10 @@ def test_the_calculator_shows_the_groups_and_runs_the_check_by_groups():
     tight = budget.plan(gpu="1000 MiB", model=GEMMA3_1B, weight_gib=0.2, non_kv_gib=0.5,
                         gpu_memory_utilization=0.9, max_model_len=32_768)
     assert startup_error(tight).startswith("To serve at least one request with the model's max seq len (32768)")
+
+
+def test_every_dtype_spelling_budget_takes_plans_a_hybrid_the_same():
+    """'fp32' is budget's spelling of float32; the group planner takes it too."""
+    kw = dict(gpu="H100 SXM 80GB", model=GPT_OSS_20B, weight_gib=13.0, max_model_len=131_072)
+    assert budget.plan(dtype="fp32", **kw).num_blocks == budget.plan(dtype="float32", **kw).num_blocks
+    assert budget.plan(dtype="fp32", **kw).num_blocks < budget.plan(dtype="bf16", **kw).num_blocks
