@@ -101,7 +101,8 @@ class GPUSpec:
     """A GPU as the engine sizes it: its total memory in MiB, and, where known, its peak bandwidth.
 
     ``total_mib`` is the total nvidia-smi prints (``memory.total``, the
-    "Memory-Usage" column's right-hand figure; MiB = 2**20 bytes).
+    "Memory-Usage" column's right-hand figure; MiB = 2**20 bytes; for an AMD
+    card, rocm-smi's VRAM total in MiB).
     ``peak_bandwidth_gbs`` is the datasheet's memory bandwidth in GB/s
     (10**9 bytes per second), or ``None`` where it is not known: pool sizing
     never reads it; what does (a benchmark's share of peak, a time model)
@@ -187,10 +188,16 @@ MODELS: dict[str, ModelSpec] = {
 # you have a server's log, "Free memory on device (free/total GiB)" gives
 # vLLM's total; ``gpu="<MiB> MiB"`` takes it.
 #
+# The MI300X has no nvidia-smi: its total is the device memory pool rocminfo
+# prints for an unpartitioned card (201,310,208 KiB = 196,592 MiB,
+# ROCm/rocm-examples issue 187), the same byte count rocm-smi prints as
+# "VRAM Total Memory (B): 206141652992" (ROCm/ROCm issue 4750). The A10G is
+# AWS's variant of the A10 and has no NVIDIA datasheet, so its bandwidth is
+# left unknown (sizing never reads it).
+#
 # Cards considered and left out, for want of a public nvidia-smi figure that
-# can be cited: A10G, H100 PCIe, H100 NVL, H20 (NVIDIA publishes no H20
-# datasheet either) and MI300X (the rocm-smi total found came from a
-# partition-mode bug report). Give them as "<MiB> MiB".
+# can be cited: H100 PCIe and H20 (NVIDIA publishes no H20 datasheet either).
+# Give them as "<MiB> MiB".
 _MODAL_TABLE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
 _A100_DATASHEET = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
@@ -202,6 +209,10 @@ GPUS: dict[str, GPUSpec] = {
                 source="https://github.com/NVIDIA/nccl/issues/1264",
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
                 device_names=("NVIDIA H100 80GB HBM3",)),
+        GPUSpec("H100 NVL", 95_830, 3_900.0,
+                source="https://github.com/NVIDIA/gpu-admin-tools/issues/4",
+                bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
+                device_names=("NVIDIA H100 NVL",)),
         GPUSpec("H200", 143_771, 4_800.0,
                 source=_MODAL_TABLE,
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h200/",
@@ -222,6 +233,9 @@ GPUS: dict[str, GPUSpec] = {
                 source=_MODAL_TABLE,
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/l4/",
                 device_names=("NVIDIA L4",)),
+        GPUSpec("A10G", 23_028, None,
+                source="https://github.com/NVIDIA/DCGM/issues/232",
+                device_names=("NVIDIA A10G",)),
         GPUSpec("RTX 4090", 24_564, 1_008.0,
                 source="https://github.com/RLinf/RLinf/issues/255",
                 bandwidth_source=("https://www.nvidia.com/en-us/geforce/graphics-cards/"
@@ -234,6 +248,11 @@ GPUS: dict[str, GPUSpec] = {
                 source="https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/dgx-b200/",
                 device_names=("NVIDIA B200",)),
+        GPUSpec("MI300X", 196_592, 5_300.0,
+                source="https://github.com/ROCm/rocm-examples/issues/187",
+                bandwidth_source=("https://www.amd.com/content/dam/amd/en/documents/"
+                                  "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"),
+                device_names=("AMD Instinct MI300X",)),
     ]
 }
 

@@ -12,13 +12,16 @@ from pagedkv.budget import GPUSpec, MiB
 # (preset, nvidia-smi total MiB, datasheet GB/s, CUDA device name)
 PRESETS = [
     ("H100 SXM 80GB", 81_559, 3_350.0, "NVIDIA H100 80GB HBM3"),
+    ("H100 NVL", 95_830, 3_900.0, "NVIDIA H100 NVL"),
     ("H200", 143_771, 4_800.0, "NVIDIA H200"),
     ("A100 SXM 80GB", 81_920, 2_039.0, "NVIDIA A100-SXM4-80GB"),
     ("A100 SXM 40GB", 40_960, 1_555.0, "NVIDIA A100-SXM4-40GB"),
     ("L40S", 46_068, 864.0, "NVIDIA L40S"),
     ("L4", 23_034, 300.0, "NVIDIA L4"),
+    ("A10G", 23_028, None, "NVIDIA A10G"),  # AWS's A10 variant: no NVIDIA datasheet
     ("RTX 4090", 24_564, 1_008.0, "NVIDIA GeForce RTX 4090"),
     ("B200", 183_359, 8_000.0, "NVIDIA B200"),
+    ("MI300X", 196_592, 5_300.0, "AMD Instinct MI300X"),  # rocminfo / rocm-smi total
 ]
 
 
@@ -31,9 +34,31 @@ def test_each_preset_has_its_figures_and_sources(name, mib, gbs, device):
     g = b.gpu_spec(name)
     assert (g.name, g.total_mib, g.peak_bandwidth_gbs) == (name, mib, gbs)
     assert g.total_bytes == mib * MiB
-    assert g.source.startswith("https://") and g.bandwidth_source.startswith("https://")
+    assert g.source.startswith("https://github.com/") or g.source.startswith("https://thundergolfer")
+    # a bandwidth has its datasheet; an unknown one has none and is refused by name
+    assert g.bandwidth_source.startswith("https://") == (gbs is not None)
+    if gbs is None:
+        with pytest.raises(ValueError, match=f"and '{name}' has none"):
+            g.require_bandwidth("share of peak")
     assert b.gpu_for_device_name(device) is g
     assert b.gpu_for_device_name(f"  {device}\n") is g  # as a shell pipe hands it over
+
+
+@pytest.mark.parametrize("name,mib,gbs,device", PRESETS)
+def test_each_preset_plans_as_its_total_in_mib(name, mib, gbs, device):
+    # plan(gpu=name) sizes from the preset's total alone: the same pool as the
+    # total given as nvidia-smi prints it.
+    # 4 GiB of weights (an 8B model in 4 bits) fits every preset, the 24 GB cards too
+    by_name, by_mib = b.plan(gpu=name, weight_gib=4.0), b.plan(gpu=f"{mib} MiB", weight_gib=4.0)
+    assert by_name.gpu == name
+    assert (by_name.num_blocks, by_name.pool_bytes) == (by_mib.num_blocks, by_mib.pool_bytes)
+    assert by_name.num_blocks > 0
+
+
+def test_more_memory_never_plans_fewer_blocks():
+    blocks = [b.plan(gpu=name, weight_gib=4.0).num_blocks
+              for name, *_ in sorted(PRESETS, key=lambda p: p[1])]
+    assert blocks == sorted(blocks) and len(set(blocks)) == len(blocks)
 
 
 @pytest.mark.parametrize("text", ["81559MiB", "81559 MiB", " 81559 MiB\n", "81,559 MiB", "81559 mib"])
@@ -116,9 +141,10 @@ def test_refusals_change_no_preset():
     assert {k: dataclasses.astuple(v) for k, v in b.GPUS.items()} == before
 
 
-@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H20",
-                                    "NVIDIA A10G", "NVIDIA A100 80GB PCIe", "NVIDIA H100",
-                                    "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "AMD Instinct MI300X", ""])
+@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA H20", "NVIDIA H20-3e", "NVIDIA A10",
+                                    "NVIDIA A100 80GB PCIe", "NVIDIA H100",
+                                    "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "AMD Instinct MI300A",
+                                    "AMD Instinct MI325X", ""])
 def test_device_names_without_a_preset_find_none(device):
     # Form factors with other memory or bandwidth are not folded into a preset.
     assert b.gpu_for_device_name(device) is None
