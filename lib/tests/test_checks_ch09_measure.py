@@ -121,3 +121,12 @@ def test_the_stub_prints_one_line():
 def test_not_a_manager_class_is_named():
     report = check(None, None, None, verbose=False)
     assert "not a SlidingWindowManager subclass" in report.results[0].detail
+
+
+def test_skipping_no_tokens_is_the_same_rule_written_elsewhere():
+    class SkipNothing(SlidingWindowManager):
+        def get_num_skipped_tokens(self, num_computed_tokens):
+            return 0
+
+    report = check(SkipNothing, TRUE, max(serve_long_decodes(SkipNothing)), verbose=False)
+    assert report.passed, [r.detail for r in report.results]

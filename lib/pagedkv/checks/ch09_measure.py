@@ -126,7 +126,12 @@ def check_keep_window_experiment(KeepWindowManager, predicted_peak_blocks=None,
     """Grade exercise 9's experiment: the keep-everything window, its peak, the prediction."""
     cls = KeepWindowManager
     is_manager = isinstance(cls, type) and issubclass(cls, SlidingWindowManager)
-    own = is_manager and cls.remove_skipped_blocks is not SingleTypeKVCacheManager.remove_skipped_blocks
+    # The rule may be written in remove_skipped_blocks (the task's way) or by skipping no
+    # tokens (get_num_skipped_tokens); a class that overrides neither changes nothing.
+    own_remove = is_manager and (cls.remove_skipped_blocks
+                                 is not SingleTypeKVCacheManager.remove_skipped_blocks)
+    own = own_remove or (is_manager and cls.get_num_skipped_tokens
+                         is not SlidingWindowManager.get_num_skipped_tokens)
 
     def not_a_manager():
         raise WrongAnswer(f"KeepWindowManager is {cls!r}",
@@ -136,7 +141,8 @@ def check_keep_window_experiment(KeepWindowManager, predicted_peak_blocks=None,
 
     def no_change():
         what = ("the library's own SlidingWindowManager" if cls is SlidingWindowManager
-                else f"{cls.__name__}, which does not override remove_skipped_blocks")
+                else f"{cls.__name__}, which does not override remove_skipped_blocks "
+                "(nor get_num_skipped_tokens)")
         raise WrongAnswer(f"you passed {what}", "no change -- the library's class frees the "
                           "skipped blocks; the experiment needs a subclass whose "
                           "remove_skipped_blocks keeps them")
@@ -207,7 +213,7 @@ def check_keep_window_experiment(KeepWindowManager, predicted_peak_blocks=None,
         rule="KeepWindowManager.remove_skipped_blocks keeps every block until free",
         check_rule=check_rule, probe=probe if stub_ok else (lambda: None),
         library={"SlidingWindowManager.remove_skipped_blocks":
-                 SingleTypeKVCacheManager.remove_skipped_blocks} if stub_ok else {},
+                 SingleTypeKVCacheManager.remove_skipped_blocks} if own_remove else {},
         remeasure=remeasure, what="the peak blocks held on LONG_DECODES",
         measured=measured_peak_blocks, predicted=predicted_peak_blocks,
         measured_name="measured_peak_blocks", predicted_name="predicted_peak_blocks",
