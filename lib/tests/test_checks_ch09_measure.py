@@ -29,7 +29,7 @@ def test_keeping_the_blocks_holds_more_than_the_window():
 
 
 def test_right_rule_measurement_and_close_prediction_pass():
-    report = check(Keep, TRUE + 3, TRUE, verbose=False)
+    report = check(Keep, TRUE + 2, TRUE, verbose=False)
     assert report.passed, [r.detail for r in report.results]
 
 
@@ -130,3 +130,10 @@ def test_skipping_no_tokens_is_the_same_rule_written_elsewhere():
 
     report = check(SkipNothing, TRUE, max(serve_long_decodes(SkipNothing)), verbose=False)
     assert report.passed, [r.detail for r in report.results]
+
+
+def test_a_peak_at_the_first_finish_is_named():
+    first = len(LONG_DECODES) * cdiv(sum(LONG_DECODES[-1]), 16)  # all four, before the shortest ends
+    assert first < TRUE
+    report = check(Keep, first, TRUE, verbose=False)
+    assert "need not come at the first finish" in report.results[2].detail

@@ -32,8 +32,6 @@ __all__ = ["LONG_DECODES", "WINDOW", "BLOCK_SIZE", "serve_long_decodes",
 LONG_DECODES = ((100, 400), (100, 300), (100, 200), (100, 100))
 #: The group's window and block size (tokens).
 WINDOW, BLOCK_SIZE = 64, 16
-#: Enough blocks that no allocation of the workload ever fails, whatever the rule.
-_POOL_BLOCKS = 1 + sum(cdiv(p + d, BLOCK_SIZE) for p, d in LONG_DECODES)
 
 
 def _spec(window: int, block_size: int) -> SlidingWindowSpec:
@@ -52,6 +50,7 @@ def serve_long_decodes(manager_class, workload=LONG_DECODES, window: int = WINDO
     A request that has computed all its tokens is freed before the next step.
     """
     manager_class = _manager_class(manager_class)
+    # Enough blocks that no allocation ever fails, whatever the rule: every table whole.
     num_blocks = 1 + sum(cdiv(p + d, block_size) for p, d in workload)
     pool = BlockPool(num_blocks, enable_caching=False)
     manager = manager_class(_spec(window, block_size), pool, False, 0)
@@ -83,13 +82,6 @@ def _manager_class(cls):
     if not (isinstance(cls, type) and issubclass(cls, SlidingWindowManager)):
         raise TypeError(f"expected a SlidingWindowManager subclass, got {cls!r}")
     return cls
-
-
-class _KeepAll(SlidingWindowManager):
-    """The rule the task asks for: nothing is given back before ``free``."""
-
-    def remove_skipped_blocks(self, request_id, num_computed_tokens):
-        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,7 +210,7 @@ def check_keep_window_experiment(KeepWindowManager, predicted_peak_blocks=None,
         measured=measured_peak_blocks, predicted=predicted_peak_blocks,
         measured_name="measured_peak_blocks", predicted_name="predicted_peak_blocks",
         lesson=lesson, fmt=lambda v: f"{v:.0f}", tolerance=0,
-        prediction_tolerance=max(1, round(0.1 * _peak(_KeepAll))),
+        prediction_tolerance=2,  # rounding slips pass; the first finish's count does not
         measurement_mistakes=mistakes,
         rule_hint="give nothing back in remove_skipped_blocks; free returns the whole table",
         measure_hint="max(serve_long_decodes(KeepWindowManager))", stub_policy=stub_ok)
