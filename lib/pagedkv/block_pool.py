@@ -38,6 +38,9 @@ Public API (stable: ``kv_cache_manager`` and the views build on it)
     - ``evict_blocks(block_ids)``: the listed free blocks leave the prefix
       cache (hash and entry dropped), staying in the free queue where they
       are; unhashed ones are skipped, a held cached one is refused.
+    - ``cached_block_hashes_by_block``: block id -> the further keys a block is
+      filed under beside its hash (only grouped managers file any; see
+      ``single_type_managers``); they leave the cache with the block's hash.
     - ``get_cached_block(block_hash)`` -> the block cached under that hash, or
       ``None`` (a key that is not a ``bytes`` or ``int`` hash is a
       ``TypeError``: ``3.0`` and ``True`` would otherwise find ``3`` and ``1``).
@@ -119,6 +122,12 @@ class BlockPool(EventSource):
         # in a block table, must not change (block tables are append-only).
         # Lookups return the first block cached under the hash.
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # block id -> keys the block is filed under besides its own hash, in
+        # filing order (vLLM's ``cached_block_hashes_by_block``): a grouped
+        # full-attention block that holds a prompt's tail is filed whole and
+        # under the tail's partial key. Only a hashed block has any; it loses
+        # them all with its hash. Empty on the single-group path.
+        self.cached_block_hashes_by_block: dict[int, list[BlockHash]] = {}
         # Block 0 is a placeholder that block tables may point at; it is taken
         # out of the queue for good and its ref_cnt is not maintained.
         self.null_block = self.free_block_queue.popleft()
@@ -165,12 +174,15 @@ class BlockPool(EventSource):
         return ret
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
-        """Drop ``block``'s prefix-cache entry and its hash."""
-        block_hash = block.block_hash
-        same_hash = self.cached_block_hash_to_block[block_hash]
-        del same_hash[block.block_id]
-        if not same_hash:
-            del self.cached_block_hash_to_block[block_hash]
+        """Drop ``block``'s prefix-cache entries (its hash's, and any further key's) and its hash."""
+        keys = [block.block_hash]
+        if self.cached_block_hashes_by_block:
+            keys += self.cached_block_hashes_by_block.pop(block.block_id, ())
+        for block_hash in keys:
+            same_hash = self.cached_block_hash_to_block[block_hash]
+            del same_hash[block.block_id]
+            if not same_hash:
+                del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -184,8 +196,9 @@ class BlockPool(EventSource):
         cached block is refused, because ``KVCacheManager`` counts a running
         request's cached blocks and its ``check()`` requires them to keep
         their hashes. All ids are checked first (an int, a block of this pool,
-        not held if hashed): on a bad one nothing has changed. Only the pool's
-        full-block entries go; a ``KVCacheManager``'s partial entries are its own.
+        not held if hashed): on a bad one nothing has changed. The pool's
+        entries go (a block's further keys with its hash); a ``KVCacheManager``'s
+        partial entries are its own.
         """
         try:  # a list, so that a bad id is refused with nothing changed
             ids = [check_int(b, f"block_ids[{i}]", 0) for i, b in enumerate(block_ids)]
@@ -426,6 +439,7 @@ class BlockPool(EventSource):
                 block.reset_hash()
                 cleared.append(block.block_id)
         self.cached_block_hash_to_block = {}
+        self.cached_block_hashes_by_block = {}
         if self._listeners:
             self._emit(PoolEvent("reset", tuple(cleared)))
         return True
@@ -479,8 +493,16 @@ class BlockPool(EventSource):
                 num_entries += 1
                 require(0 <= block_id < n and self.blocks[block_id] is block, "cache map agrees with hashes",
                         lambda: f"entry {block_id} is not pool block {block_id}")
-                require(block.block_hash == block_hash, "cache map agrees with hashes",
+                require(block.block_hash == block_hash
+                        or block_hash in self.cached_block_hashes_by_block.get(block_id, ()),
+                        "cache map agrees with hashes",
                         lambda: f"block {block_id} is filed under a hash it does not hold")
-        num_hashed = sum(b.block_hash is not None for b in self.blocks)
-        require(num_hashed == num_entries, "cache map agrees with hashes",
-                f"{num_hashed} blocks hold a hash, the map has {num_entries} entries")
+        num_keys = sum(b.block_hash is not None for b in self.blocks)
+        for block_id, keys in self.cached_block_hashes_by_block.items():
+            block = self.blocks[block_id]
+            require(keys and block.block_hash is not None and len(set(keys)) == len(keys)
+                    and block.block_hash not in keys, "further keys only beside a hash",
+                    lambda: f"block {block_id} holds {block.block_hash!r} and further keys {keys!r}")
+            num_keys += len(keys)
+        require(num_keys == num_entries, "cache map agrees with hashes",
+                f"blocks hold {num_keys} keys, the map has {num_entries} entries")

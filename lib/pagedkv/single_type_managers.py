@@ -35,6 +35,13 @@ its place (``_apply_cow``) and queues ``(source, copy)`` until the copy has
 run (``take_pending_cow_copies``); both ends hold one extra reference until
 then, which ``check()`` counts.
 
+The prompt's tail: a full-attention block longer than the hash block is also
+filed under the key of the prompt's last hittable hash-block boundary when
+that boundary falls inside it (``FullAttentionManager._cache_partial_tail_block``).
+If the block is already filed whole, the tail key becomes a second key of the
+same block (the pool's ``cached_block_hashes_by_block``), and all its keys
+die together when the block is reused or its entry replaced.
+
 What we leave out of vLLM's managers: EAGLE drops,
 context parallelism, external (connector) tokens, and sparse retention
 (``prefix_cache_retention_interval``, whose default ``None`` caches densely).
@@ -50,6 +57,7 @@ from .free_queue import KVCacheBlock
 from .kv_cache_spec import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 __all__ = ["make_block_hash_with_group_id", "block_hashes_at", "uncache_block", "cache_block_under",
+           "cache_partial_key",
            "SingleTypeKVCacheManager",
            "FullAttentionManager", "SlidingWindowManager", "get_manager_for_kv_cache_spec"]
 
@@ -75,22 +83,35 @@ def block_hashes_at(block_hashes: Sequence[bytes], hash_block_size: int, block_s
 
 
 def uncache_block(block_pool: BlockPool, block: KVCacheBlock) -> None:
-    """Take a held block's hash out of the prefix cache (vLLM's ``_remove_cached_block_hashes``,
-    ``v1/core/block_pool.py:630-649``): a partial entry is replaced when its block fills, or
-    moves to a copy. The pool's own ``evict_blocks`` refuses held blocks, so the map is
-    edited here through its public attribute, both sides at once."""
-    if block.block_hash is None:
-        return
-    same_hash = block_pool.cached_block_hash_to_block[block.block_hash]
-    del same_hash[block.block_id]
-    if not same_hash:
-        del block_pool.cached_block_hash_to_block[block.block_hash]
-    block.reset_hash()
+    """Take a held block's hash, and every further key of it, out of the prefix cache (vLLM's
+    ``_remove_cached_block_hashes``, ``v1/core/block_pool.py:630-649``): a partial entry is
+    replaced when its block fills, or moves to a copy. The pool's public ``evict_blocks``
+    refuses held blocks, so its eviction step is called directly."""
+    if block.block_hash is not None:
+        block_pool._evict_cached_block(block)
 
 
 def cache_block_under(block_pool: BlockPool, block: KVCacheBlock, key: bytes) -> None:
     """File one held, unhashed block under ``key`` (it joins the end of that key's entries)."""
     block_pool.cache_full_blocks([block], [key], 0, 1)
+
+
+def cache_partial_key(block_pool: BlockPool, block: KVCacheBlock, key: bytes, full_key: bytes | None) -> None:
+    """File a held block under a prompt tail's partial ``key`` as well (vLLM's
+    ``BlockPool.cache_partial_block``, ``v1/core/block_pool.py:486-603``, for a full-attention
+    block): the key becomes the block's hash if it has none, else a further key beside the
+    hash, which can only be the block's own whole-block key ``full_key`` (the block lies at or
+    past the request's hit, so no other request filed it)."""
+    pool = block_pool
+    if block.is_null or block.block_hash == key or key in pool.cached_block_hashes_by_block.get(block.block_id, ()):
+        return
+    if block.block_hash is None:
+        cache_block_under(pool, block, key)
+        return
+    require(block.block_hash == full_key, "a tail block holds its tail key or its whole-block key",
+            f"block {block.block_id} holds {block.block_hash!r}")
+    pool.cached_block_hashes_by_block.setdefault(block.block_id, []).append(key)
+    pool.cached_block_hash_to_block.setdefault(key, {})[block.block_id] = block
 
 
 class SingleTypeKVCacheManager:
@@ -399,12 +420,44 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     spec_class = FullAttentionSpec
     supports_fine_grained_hash_lookup = True
 
+    def cache_blocks(self, request, num_tokens: int, alignment_tokens: int | None = None) -> None:
+        """The full blocks, then, when the block is longer than the hash block, the prompt's
+        tail under a partial key (``FullAttentionManager.cache_blocks``,
+        ``v1/core/single_type_kv_cache_manager.py:840-857``)."""
+        super().cache_blocks(request, num_tokens, alignment_tokens)
+        if self.block_size != self.hash_block_size:
+            self._cache_partial_tail_block(request, num_tokens)
+
+    def _cache_partial_tail_block(self, request, num_tokens: int) -> None:
+        """File the block holding the prompt's last hash-block boundary a resend can hit
+        (``num_prompt_tokens - 1`` rounded down) under that boundary's key, once the
+        boundary is computed and only when it ends inside a block
+        (``_cache_partial_tail_block``, ``v1/core/single_type_kv_cache_manager.py:859-897``).
+        Beside a hybrid's scheduler-block rounding the block is already full, so the key
+        joins its whole-block key; a hit can use it only when partial hits are on."""
+        h = self.hash_block_size
+        boundary = min((len(request.prompt_token_ids) - 1) // h, len(request.block_hashes)) * h
+        if boundary <= 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        block_idx = boundary // self.block_size
+        if block_idx >= len(blocks):
+            return
+        gid = self.kv_cache_group_id
+        full = block_hashes_at(request.block_hashes, h, self.block_size)
+        full_key = make_block_hash_with_group_id(full[block_idx], gid) if block_idx < len(full) else None
+        cache_partial_key(self.block_pool, blocks[block_idx],
+                          make_block_hash_with_group_id(request.block_hashes[boundary // h - 1], gid), full_key)
+
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
                                alignment_tokens, hash_block_size):
         """Left to right, stopping at the first miss: hashes are chained, so a
         block whose prefix missed cannot hit (``FullAttentionManager.find_longest_cache_hit``,
-        ``v1/core/single_type_kv_cache_manager.py:743-838``, without partial hits)."""
+        ``v1/core/single_type_kv_cache_manager.py:743-838``). With partial hits on
+        (``alignment_tokens`` is the hash block, shorter than the block), the hit
+        may then end inside the next block: its hash-block boundaries are probed
+        right to left, where a prompt's tail entry may sit."""
         block_size = kv_cache_spec.block_size
         hashes = block_hashes_at(block_hashes, hash_block_size, block_size)
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in kv_cache_group_ids)
@@ -415,6 +468,18 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             for blocks, block in zip(computed, cached):
                 blocks.append(block)
         hit_length = len(computed[0]) * block_size
+        if alignment_tokens < block_size and block_size % alignment_tokens == 0:
+            # Fine-grained: alignment_tokens is the hash block, so block_hashes index its boundaries.
+            scale = block_size // alignment_tokens
+            first = len(computed[0]) * scale
+            for fine_idx in range(min(first + scale - 1, max_length // alignment_tokens, len(block_hashes)) - 1,
+                                  first - 1, -1):
+                cached = cls._cached(block_pool, block_hashes[fine_idx], kv_cache_group_ids)
+                if cached is not None:
+                    for blocks, block in zip(computed, cached):
+                        blocks.append(block)
+                    hit_length = (fine_idx + 1) * alignment_tokens
+                    break
         hit_length -= hit_length % alignment_tokens
         for blocks in computed:
             del blocks[cdiv(hit_length, block_size):]

@@ -74,12 +74,15 @@ LAYOUTS = {  # name: (groups, blocks in the pool)
     "fa4+sw4 window 13": ([("full", 4, None), ("sliding", 4, 13)], 44),
     "sw4 window 9 alone": ([("sliding", 4, 9)], 12),
     "2 sw + fa window 5": ([("sliding", 4, 5), ("sliding", 4, 5), ("full", 4, None)], 44),
+    # attention blocks of 8 hashed every 4: the prompt's tail gets a second key
+    "fa8+sw4 window 5": ([("full", 8, None), ("sliding", 4, 5)], 44),
 }
 
 
 def groups_of(layout):
-    specs = {"full": lambda bs, w: FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=8),
-             "sliding": lambda bs, w: SlidingWindowSpec(block_size=bs, num_kv_heads=2, head_size=8,
+    # 8 // bs heads: every group's page is 8 tokens x 1 head (or 4 x 2) x 8 x 2 x 2 bytes
+    specs = {"full": lambda bs, w: FullAttentionSpec(block_size=bs, num_kv_heads=8 // bs, head_size=8),
+             "sliding": lambda bs, w: SlidingWindowSpec(block_size=bs, num_kv_heads=8 // bs, head_size=8,
                                                         sliding_window=w)}
     return [KVCacheGroupSpec([f"layer{i}"], specs[k](bs, w)) for i, (k, bs, w) in enumerate(layout)]
 
