@@ -44,7 +44,7 @@ STAGE_CHAPTERS: dict[str, tuple[str, ...]] = {
     "startup": ("01_memory_budget",),
     "api": ("08_serving_engine",),
     "schedule": ("08_serving_engine",),
-    "allocate": ("02_fragmentation", "03_block_pool", "06_copy_on_write"),
+    "allocate": ("02_fragmentation", "03_block_pool", "06_copy_on_write", "09_kv_cache_groups"),
     "scheduler_output": ("08_serving_engine",),
     "rows": ("04_block_table",),
     "gather": ("04_block_table",),
