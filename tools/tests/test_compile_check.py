@@ -192,3 +192,24 @@ def test_the_sliding_window_variant_compiles_within_the_rules():
             # the window adds a compare to the loop's mask: another kernel than the committed full one
             if got["triton"] == _committed()["triton"]:
                 assert row[t]["loop_sass"] != full[row["name"].removesuffix(" window 1024")][t]["loop_sass"]
+
+
+def test_interpreter_only_kernels_are_launched_only_through_the_interpreter():
+    """A kernel the compile check skips must never be launched compiled by a notebook."""
+    import json
+    import re
+
+    from tools.notebooks import NOTEBOOK_DIRS
+
+    seen = set()
+    for path in sorted(p for d in NOTEBOOK_DIRS for p in (cc.ROOT / d).glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            src = "".join(cell["source"])
+            for name in cc.INTERPRETER_ONLY:
+                for m in re.finditer(rf"\b{name}\b(?!\s*\()", src):
+                    line = src[src.rfind("\n", 0, m.start()) + 1:src.find("\n", m.end())]
+                    if line.lstrip().startswith("def ") or "interpreted(" in line:
+                        seen.add(name)
+                        continue
+                    raise AssertionError(f"{path.name}: {name} used outside interpreted(): {line!r}")
+    assert seen == cc.INTERPRETER_ONLY
