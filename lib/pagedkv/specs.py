@@ -195,9 +195,8 @@ MODELS: dict[str, ModelSpec] = {
 # AWS's variant of the A10 and has no NVIDIA datasheet, so its bandwidth is
 # left unknown (sizing never reads it).
 #
-# Cards considered and left out, for want of a public nvidia-smi figure that
-# can be cited: H100 PCIe and H20 (NVIDIA publishes no H20 datasheet either).
-# Give them as "<MiB> MiB".
+# A card considered and left out, for want of a public nvidia-smi figure that
+# can be cited: the H100 PCIe. Give it as "<MiB> MiB".
 _MODAL_TABLE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
 _A100_DATASHEET = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
@@ -213,6 +212,10 @@ GPUS: dict[str, GPUSpec] = {
                 source="https://github.com/NVIDIA/gpu-admin-tools/issues/4",
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
                 device_names=("NVIDIA H100 NVL",)),
+        # NVIDIA publishes no H20 datasheet: its bandwidth is left unknown.
+        GPUSpec("H20", 97_871, None,
+                source="https://github.com/NVIDIA/nvtrust/issues/128",
+                device_names=("NVIDIA H20",)),
         GPUSpec("H200", 143_771, 4_800.0,
                 source=_MODAL_TABLE,
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h200/",

@@ -13,6 +13,7 @@ from pagedkv.budget import GPUSpec, MiB
 PRESETS = [
     ("H100 SXM 80GB", 81_559, 3_350.0, "NVIDIA H100 80GB HBM3"),
     ("H100 NVL", 95_830, 3_900.0, "NVIDIA H100 NVL"),
+    ("H20", 97_871, None, "NVIDIA H20"),  # nvidia-smi in NVIDIA/nvtrust issue 128; no datasheet
     ("H200", 143_771, 4_800.0, "NVIDIA H200"),
     ("A100 SXM 80GB", 81_920, 2_039.0, "NVIDIA A100-SXM4-80GB"),
     ("A100 SXM 40GB", 40_960, 1_555.0, "NVIDIA A100-SXM4-40GB"),
@@ -141,7 +142,7 @@ def test_refusals_change_no_preset():
     assert {k: dataclasses.astuple(v) for k, v in b.GPUS.items()} == before
 
 
-@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA H20", "NVIDIA H20-3e", "NVIDIA A10",
+@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA H20-3e", "NVIDIA A10",
                                     "NVIDIA A100 80GB PCIe", "NVIDIA H100",
                                     "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "AMD Instinct MI300A",
                                     "AMD Instinct MI325X", ""])
