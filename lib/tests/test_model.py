@@ -366,3 +366,19 @@ def test_load_tokenizer(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     loaded = load_tokenizer(tmp_path)
     assert loaded.encode("paged attention blocks kv").ids == [1, 2, 3, 0]
+
+
+def test_a_config_number_too_large_for_a_tensor_is_a_float_or_refused_by_name():
+    """A config.json may hold an int past int64 (the fuzzer wrote rms_norm_eps=1.9e20 as an int):
+    eps and theta are kept as floats, so the forward runs; a window that large is refused by name."""
+    import dataclasses
+
+    from pagedkv.model import Model, dense_logits
+    from pagedkv.model.config import ModelConfig
+
+    cfg = dataclasses.replace(ModelConfig.preset("tiny-hybrid"), rms_norm_eps=193477592318166969906)
+    assert isinstance(cfg.rms_norm_eps, float)
+    logits = dense_logits(Model(cfg, seed=0), [[0, 1, 2]])[0]
+    assert logits.shape[0] == 3
+    with pytest.raises(ValueError, match="sliding_window must be at most 2,147,483,647"):
+        dataclasses.replace(ModelConfig.preset("tiny-hybrid"), sliding_window=2**70)

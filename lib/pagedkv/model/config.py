@@ -20,6 +20,10 @@ _ROPE_TYPES = ("default", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+# The largest window a layer may have: positions are int32 in the kernels.
+_MAX_WINDOW = 2**31 - 1
+
+
 @dataclass
 class ModelConfig:
     """The shapes of a Llama-family decoder, named as in Hugging Face's config.json.
@@ -66,8 +70,10 @@ class ModelConfig:
                              f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-        check_real(self.rms_norm_eps, "ModelConfig.rms_norm_eps", minimum=0, open_min=True)
-        check_real(self.rope_theta, "ModelConfig.rope_theta", minimum=0, open_min=True)
+        # Stored as floats: a config.json may hold a whole number too large for
+        # any tensor (an int past int64), which float() still represents.
+        self.rms_norm_eps = check_real(self.rms_norm_eps, "ModelConfig.rms_norm_eps", minimum=0, open_min=True)
+        self.rope_theta = check_real(self.rope_theta, "ModelConfig.rope_theta", minimum=0, open_min=True)
         for name in ("tie_word_embeddings", "attention_bias", "attention_out_bias"):
             check_bool(getattr(self, name), f"ModelConfig.{name}")
         eos = self.eos_token_id
@@ -96,6 +102,9 @@ class ModelConfig:
     def _check_layer_types(self) -> None:
         if self.sliding_window is not None:
             check_int(self.sliding_window, "ModelConfig.sliding_window", 1)
+            if self.sliding_window > _MAX_WINDOW:
+                raise ValueError(f"ModelConfig.sliding_window must be at most {_MAX_WINDOW:,} (positions are "
+                                 f"int32 in the kernels), got {self.sliding_window!r}")
         if self.layer_types is None:
             return
         if not isinstance(self.layer_types, list):
