@@ -195,8 +195,10 @@ MODELS: dict[str, ModelSpec] = {
 # AWS's variant of the A10 and has no NVIDIA datasheet, so its bandwidth is
 # left unknown (sizing never reads it).
 #
-# A card considered and left out, for want of a public nvidia-smi figure that
-# can be cited: the H100 PCIe. Give it as "<MiB> MiB".
+# The H100 PCIe prints the same total as the SXM card (81,559 MiB, in
+# NVIDIA's own TensorRT-LLM backend guide) but is a different card: HBM2e at
+# 2,000 GB/s (NVIDIA product brief PB-11133-001) against HBM3 at 3,350, so
+# it has its own preset and its own device name.
 _MODAL_TABLE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
 _A100_DATASHEET = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
@@ -208,6 +210,12 @@ GPUS: dict[str, GPUSpec] = {
                 source="https://github.com/NVIDIA/nccl/issues/1264",
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
                 device_names=("NVIDIA H100 80GB HBM3",)),
+        GPUSpec("H100 PCIe", 81_559, 2_000.0,
+                source=("https://github.com/triton-inference-server/tensorrtllm_backend/blob/"
+                        "05ea856307b3eb4b71e199222e8e2dda7ea35c89/docs/llama.md"),
+                bandwidth_source=("https://www.nvidia.com/content/dam/en-zz/Solutions/gtcs22/"
+                                  "data-center/h100/PB-11133-001_v01.pdf"),
+                device_names=("NVIDIA H100 PCIe",)),
         GPUSpec("H100 NVL", 95_830, 3_900.0,
                 source="https://github.com/NVIDIA/gpu-admin-tools/issues/4",
                 bandwidth_source="https://www.nvidia.com/en-us/data-center/h100/",
@@ -323,7 +331,8 @@ def gpu_for_device_name(device_name: str) -> GPUSpec | None:
 
     Used to put a measured bandwidth beside the datasheet peak. The match is
     exact (surrounding spaces aside), so form factors stay apart: an
-    ``"NVIDIA H100 PCIe"`` or ``"NVIDIA H100 NVL"`` is not the SXM preset's
+    ``"NVIDIA H100 PCIe"`` (the same 81,559 MiB, two thirds of the bandwidth)
+    or ``"NVIDIA H100 NVL"`` is not the SXM preset's
     ``"NVIDIA H100 80GB HBM3"``, and a MIG slice (``"... MIG 1g.10gb"``) is
     no preset at all.
     """

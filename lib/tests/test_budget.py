@@ -307,7 +307,7 @@ def test_plan_with_tensor_parallelism_is_per_rank():
 @pytest.mark.parametrize("name,preset", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100 SXM 80GB"),
                                          ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"), ("NVIDIA L4", "L4"),
                                          ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA L40S", "L40S"),
-                                         ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", "H100 NVL"),
+                                         ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
                                          ("Tesla T4", None)])
 def test_device_names_find_their_preset(name, preset):
     gpu = b.gpu_for_device_name(name)

@@ -12,6 +12,7 @@ from pagedkv.budget import GPUSpec, MiB
 # (preset, nvidia-smi total MiB, datasheet GB/s, CUDA device name)
 PRESETS = [
     ("H100 SXM 80GB", 81_559, 3_350.0, "NVIDIA H100 80GB HBM3"),
+    ("H100 PCIe", 81_559, 2_000.0, "NVIDIA H100 PCIe"),  # TensorRT-LLM backend guide; PB-11133
     ("H100 NVL", 95_830, 3_900.0, "NVIDIA H100 NVL"),
     ("H20", 97_871, None, "NVIDIA H20"),  # nvidia-smi in NVIDIA/nvtrust issue 128; no datasheet
     ("H200", 143_771, 4_800.0, "NVIDIA H200"),
@@ -57,9 +58,13 @@ def test_each_preset_plans_as_its_total_in_mib(name, mib, gbs, device):
 
 
 def test_more_memory_never_plans_fewer_blocks():
-    blocks = [b.plan(gpu=name, weight_gib=4.0).num_blocks
-              for name, *_ in sorted(PRESETS, key=lambda p: p[1])]
-    assert blocks == sorted(blocks) and len(set(blocks)) == len(blocks)
+    ordered = sorted(PRESETS, key=lambda p: p[1])
+    blocks = [b.plan(gpu=name, weight_gib=4.0).num_blocks for name, *_ in ordered]
+    assert blocks == sorted(blocks)
+    # equal totals plan equal pools (the H100 PCIe and SXM both print 81,559 MiB),
+    # different totals different ones
+    by_total = {mib: n for (_, mib, *_), n in zip(ordered, blocks)}
+    assert len(set(by_total.values())) == len(by_total) < len(PRESETS)
 
 
 @pytest.mark.parametrize("text", ["81559MiB", "81559 MiB", " 81559 MiB\n", "81,559 MiB", "81559 mib"])
@@ -142,7 +147,7 @@ def test_refusals_change_no_preset():
     assert {k: dataclasses.astuple(v) for k, v in b.GPUS.items()} == before
 
 
-@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA H20-3e", "NVIDIA A10",
+@pytest.mark.parametrize("device", ["NVIDIA H800 PCIe", "NVIDIA H20-3e", "NVIDIA A10",
                                     "NVIDIA A100 80GB PCIe", "NVIDIA H100",
                                     "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "AMD Instinct MI300A",
                                     "AMD Instinct MI325X", ""])
