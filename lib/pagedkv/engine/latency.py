@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from ..budget import kv_bytes_per_token, weight_bytes
 from ..common import check_real
 from ..specs import GPUSpec, ModelSpec, gpu_spec, model_spec
+from .stats import StepListener
 
 __all__ = ["BANDWIDTH_SHARE", "TENSOR_SHARE", "DENSE_BF16_TFLOPS", "StepTime", "StepTimeModel",
            "LatencyTrace"]
@@ -120,7 +121,7 @@ class StepTimeModel:
         return f"StepTimeModel({self.model.name} on {self.gpu.name}, prediction)"
 
 
-class LatencyTrace:
+class LatencyTrace(StepListener):
     """A step listener: each step's predicted time, and every request's arrival and token times.
 
     ``attach(engine)``, run the engine, then read ``ttft(rid)``,
@@ -141,17 +142,6 @@ class LatencyTrace:
         self.arrival: dict[str, tuple[float, float]] = {}
         self.token_times: dict[str, list[tuple[float, float]]] = {}
         self._requests: dict = {}  # id -> the engine's request object (its final output length)
-        self._unsubscribe = None
-
-    def attach(self, engine) -> "LatencyTrace":
-        if self._unsubscribe is None:
-            self._unsubscribe = engine.add_step_listener(self)
-        return self
-
-    def detach(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
 
     def __call__(self, engine, out, outputs) -> None:
         scheduler = engine.scheduler

@@ -10,10 +10,11 @@ log lines, which on a busy server is the same thing).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Self
 
 from ..common import check_int
 
-__all__ = ["EngineStats", "StatsCollector", "StepRecord", "StepHistory"]
+__all__ = ["EngineStats", "StatsCollector", "StepListener", "StepRecord", "StepHistory"]
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,31 @@ class StepRecord:
         return 1 - self.tokens_held / self.slots_held if self.slots_held else 0.0
 
 
-class StepHistory:
+class StepListener:
+    """Base of the listeners an engine calls after every step (``engine.add_step_listener``).
+
+    A subclass defines ``__call__(engine, out, outputs)``; this base only
+    subscribes and unsubscribes it. Invariant: a listener is subscribed to at
+    most one engine, at most once (``_unsubscribe`` is None exactly when it is
+    not subscribed), so attaching twice cannot record every step twice.
+    """
+
+    _unsubscribe = None  # the engine's undo for our subscription, while attached
+
+    def attach(self, engine) -> Self:
+        """Subscribe to ``engine``'s steps (once); returns self."""
+        if self._unsubscribe is None:
+            self._unsubscribe = engine.add_step_listener(self)
+        return self
+
+    def detach(self) -> None:
+        """Stop listening (what was recorded stays)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+class StepHistory(StepListener):
     """A step listener that records every step's KV usage, preemptions, resumes and prefix hits.
 
     Works with any ``EngineArgs`` and any model: it reads only the
@@ -163,19 +188,6 @@ class StepHistory:
             check_int(max_steps, "max_steps", 1)
         self.max_steps = max_steps
         self.records: list[StepRecord] = []
-        self._unsubscribe = None
-
-    def attach(self, engine) -> "StepHistory":
-        """Subscribe to ``engine``'s steps (once); returns self."""
-        if self._unsubscribe is None:
-            self._unsubscribe = engine.add_step_listener(self)
-        return self
-
-    def detach(self) -> None:
-        """Stop recording (the records stay)."""
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
 
     def __call__(self, engine, out, outputs) -> None:
         scheduler = engine.scheduler
