@@ -100,7 +100,7 @@ class LLM:
         return p
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, *, priority: int | Sequence[int] | None = None) -> list[RequestOutput]:
         """Complete every prompt; one finished ``RequestOutput`` per prompt, in order.
 
         ``prompts``: one prompt or a list (text, token ids, or prompt dicts).
@@ -108,6 +108,12 @@ class LLM:
         (``SamplingParams()``: temperature 1.0, as vLLM). With ``n > 1`` a
         prompt's output holds its n completions in ``outputs`` (vLLM's
         ``FINAL_ONLY`` aggregation, as its ``LLM.generate`` asks for).
+        ``priority`` (keyword-only, as vLLM's): one int for all, one per
+        prompt (a single prompt counts as a list of one), or None; it orders
+        the queue only under ``scheduling_policy="priority"``, smaller first,
+        and is ignored under ``"fcfs"``, as vLLM 0.33.0 ignores it
+        (:meth:`LLMEngine.generate`). A wrong length, a bool or a non-int
+        raises before any prompt is queued.
         """
         if not isinstance(prompts, (str, dict, Sequence)):
             raise TypeError(f"prompts must be a prompt or a list of prompts (text, token ids or prompt dicts), "
@@ -117,7 +123,7 @@ class LLM:
         prompts = [prompts] if single else list(prompts)
         engine_prompts = [self._prompt(p) for p in prompts]
         params = SamplingParams() if sampling_params is None else sampling_params
-        outs = self.llm_engine.generate(engine_prompts, sampling_params=params)
+        outs = self.llm_engine.generate(engine_prompts, sampling_params=params, priority=priority)
         return [dataclasses.replace(o, prompt=p) if isinstance(p, str) else o for p, o in zip(engine_prompts, outs)]
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -45,6 +45,24 @@ from .worker import Worker
 
 __all__ = ["LLMEngine", "StepListener"]
 
+
+def _priorities(priority, num_prompts: int) -> list[int]:
+    """``generate``'s ``priority`` as one int per prompt, checked; nothing is queued yet.
+
+    vLLM's reading (``_priority_to_seq``, ``entrypoints/common/offline.py:285-302``):
+    None is 0 for all, an int is that int for all, a sequence pairs one with
+    each prompt and must be as long as the prompts. vLLM checks only the
+    length; here a bool, a str or a non-int value is refused as well.
+    """
+    if priority is None:
+        return [0] * num_prompts
+    if isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence):
+        return [check_int(priority, "priority")] * num_prompts  # TypeError names a bool or a non-int
+    if len(priority) != num_prompts:
+        raise ValueError(f"priority has {len(priority)} values for {num_prompts} prompts: give one int for all "
+                         f"or one per prompt, got {list(priority)!r}")
+    return [check_int(p, f"priority[{i}]") for i, p in enumerate(priority)]
+
 #: Called after every step with ``(engine, scheduler_output, outputs)``.
 StepListener = Callable[["LLMEngine", SchedulerOutput, "list[RequestOutput]"], None]
 
@@ -383,7 +401,8 @@ class LLMEngine:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def generate(self, prompts: Sequence, max_tokens: int = 16, ignore_eos: bool = False,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: int | Sequence[int] | None = None) -> list[RequestOutput]:
         """Generation for a batch: add every prompt, step until they all finish.
 
         ``sampling_params``: one for all prompts or one per prompt (default:
@@ -396,6 +415,14 @@ class LLMEngine:
         ``outputs`` holds the n completions). Requests added earlier
         by ``add_request`` also advance meanwhile; their outputs are not
         returned here.
+
+        ``priority`` (vLLM's ``LLM.generate``): one int for all prompts, one
+        per prompt, or None (0 for all); as in :meth:`add_request`, it orders
+        the queue under ``EngineArgs(scheduling_policy="priority")``, smaller
+        first, and is taken and ignored under ``"fcfs"``, as vLLM 0.33.0 does
+        (no check refuses it there: ``FCFSRequestQueue.add_request`` appends,
+        ``v1/core/sched/request_queue.py:75-84``). Every argument is checked
+        before any request is added: bad input adds none.
         """
         if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
             raise TypeError("prompts must be a list of prompts (each a list of token ids or a str)")
@@ -405,6 +432,7 @@ class LLMEngine:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        priorities = _priorities(priority, len(prompts))
         prepared = []
         for i, (p, sp) in enumerate(zip(prompts, params)):  # check all before adding any: a bad prompt adds none
             try:
@@ -412,11 +440,11 @@ class LLMEngine:
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
         ids = []
-        for token_ids, sp in prepared:
+        for (token_ids, sp), rank in zip(prepared, priorities):
             rid = f"generate-{next(self._generate_ids)}"
             while self._ids_taken(rid, sp.n):
                 rid = f"generate-{next(self._generate_ids)}"
-            self._enqueue(rid, token_ids, sp)
+            self._enqueue(rid, token_ids, sp, rank)
             ids.append(rid)
         wanted = set(ids)
         final: dict[str, RequestOutput] = {}
