@@ -1,46 +1,15 @@
 """Exercise 7 part 2's find-the-bug (the merge) and modify-and-measure (the split count) tasks.
 
-The answers pass; first attempts are named.
-
-The buggy kernels and their wrappers are the ones the exercise notebooks
-build, the fixes the ones the solution notebooks show; a plausible first
-attempt is a fix or a report a newcomer writes before stepping through the
-kernel, and each must fail with a line naming what it got wrong.
+The answers pass; first attempts are named (what that means: ``find_bug_notebooks``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
+from find_bug_notebooks import cell as _cell, failures, module as _module  # imports pagedkv first
 
-import pagedkv  # noqa: F401  -- fixes the Triton mode before the notebooks' kernels are defined
 from pagedkv.checks import ch07_find_bug, ch07_split_measure
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _cell(notebook: str, marker: str) -> str:
-    cells = json.loads((ROOT / notebook).read_text())["cells"]
-    return next("".join(c["source"]) for c in cells
-                if c["cell_type"] == "code" and marker in "".join(c["source"]))
-
-
-def _module(src: str, tag: str):
-    path = Path(tempfile.mkdtemp()) / f"_find_bug_{tag}.py"
-    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n" + src + "\n")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def failures(report) -> dict:
-    return {r.name: r.detail for r in report.results if not r.passed}
 
 
 # ------------------------------------------------------------------ 7: the merge
