@@ -2,9 +2,12 @@
 
 Synthetic files are written here with the ``gguf`` package's writer from a
 seeded ``Model``, the Q/K rows permuted the way llama.cpp's converter does,
-so loading must undo it. The real model (SmolLM2-135M-Instruct) is compared
-with transformers loading the same file; those tests skip, saying why, where
-the model or transformers is not installed.
+so loading must undo it. Tensor names, the permutation and the
+hyperparameters come from the fuzz corpus's seed builder
+(``tools/fuzz/seeds.py``), so the two write one layout. The real model
+(SmolLM2-135M-Instruct) is compared with transformers loading the same
+file; those tests skip, saying why, where the model or transformers is not
+installed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pagedkv.model import (
     smollm2_available,
     smollm2_path,
 )
+from tools.fuzz.seeds import add_hparams, gguf_name, model_tensors, write_out
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install -r requirements.txt)")
 Q = gguf.GGMLQuantizationType
@@ -33,30 +37,11 @@ Q = gguf.GGMLQuantizationType
 SMALL = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
                     rope_theta=10000.0, max_position_embeddings=128)
-_GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
 # A byte-level vocabulary: 60 printable ASCII characters (their own byte-level spelling), two merges,
 # two special tokens.
 _TOKENS = [chr(c) for c in range(ord("A"), ord("A") + 60)] + ["AB", "ABC", "<|im_start|>", "<|im_end|>"]
 _TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}:{{ m['content'] }}<|im_end|>{% endfor %}"
              "{% if add_generation_prompt %}<|im_start|>assistant:{% endif %}")
-
-
-def _gguf_name(ours: str) -> str:
-    top = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if ours in top:
-        return top[ours]
-    _, n, rest = ours.split(".", 2)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{n}.{_GGUF_NAMES[module]}.{kind}"
-
-
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter: each head's rows from halves (HF) to interleaved pairs."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _encode(arr: np.ndarray, qtype) -> tuple[np.ndarray, object]:
@@ -81,16 +66,8 @@ def _encode(arr: np.ndarray, qtype) -> tuple[np.ndarray, object]:
 
 def write_gguf(path, model: Model, qtype=Q.F32, arch: str = "llama", *, skip=(), extra=None):
     """Write ``model`` as a GGUF file the way llama.cpp's converter would; returns the path."""
-    c = model.config
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_theta)
+    add_hparams(w, model.config)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(_TOKENS)
     w.add_token_types([1] * 62 + [3, 3])  # 3: control (special)
@@ -99,20 +76,10 @@ def write_gguf(path, model: Model, qtype=Q.F32, arch: str = "llama", *, skip=(),
     w.add_chat_template(_TEMPLATE)
     for key, value in (extra or {}).items():
         w.add_string(key, value) if isinstance(value, str) else w.add_uint32(key, value)
-    for name, p in model.named_parameters():
-        if name in skip:
-            continue
-        arr = p.detach().float().numpy().copy()
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            arr = _permute(arr, c.num_attention_heads)
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            arr = _permute(arr, c.num_key_value_heads)
+    for name, arr in model_tensors(model, arch, skip=skip):
         data, raw = _encode(arr, qtype if "norm" not in name else Q.F32)
-        w.add_tensor(_gguf_name(name), data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        w.add_tensor(name, data, raw_dtype=raw)
+    write_out(w)
     return path
 
 
@@ -166,7 +133,7 @@ def test_every_tensor_type(small, tmp_path, qtype):
             err = (p - dict(small.named_parameters())[name]).abs().max().item()
             assert err <= TOLERANCE[qtype], (name, err)
         else:  # random blocks: what gguf decodes, rows un-permuted
-            expected = gguf.quants.dequantize(file.raw(_gguf_name(name)), file.tensors[_gguf_name(name)].type_id)
+            expected = gguf.quants.dequantize(file.raw(gguf_name(name)), file.tensors[gguf_name(name)].type_id)
             expected = expected.reshape(p.shape)
             kind = name.split(".")[-2]
             if kind in heads:

@@ -25,6 +25,9 @@ import torch
 from . import tiny
 from .targets import SEPARATOR
 
+# ----------------------------------------------------------------------------- a model as GGUF
+# Shared with lib/tests/test_model_gguf.py, which writes its synthetic files with these, so the
+# corpus's seeds and the loader's tests agree on what a converter's file looks like.
 _GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -33,7 +36,8 @@ _TOP = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.
         "lm_head.weight": "output.weight"}
 
 
-def _gguf_name(ours: str) -> str:
+def gguf_name(ours: str) -> str:
+    """The GGUF tensor name of one of ``Model``'s parameters (``layers.0.mlp.up_proj.weight``)."""
     if ours in _TOP:
         return _TOP[ours]
     _, n, rest = ours.split(".", 2)
@@ -42,8 +46,46 @@ def _gguf_name(ours: str) -> str:
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter: each head's Q/K rows from halves to interleaved pairs."""
+    """llama.cpp's converter: each head's Q/K rows from halves (HF) to interleaved pairs."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def add_hparams(w, config) -> None:
+    """The hyperparameters llama.cpp's converter writes, added to the ``gguf.GGUFWriter`` ``w``."""
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_rope_freq_base(config.rope_theta)
+
+
+def model_tensors(model, arch: str, skip=()):
+    """``(GGUF name, float32 array)`` of every parameter of ``model`` not named in ``skip``.
+
+    For ``arch == "llama"`` the Q and K rows are permuted as llama.cpp's
+    converter does (a loader must undo it); Qwen2 files keep the HF layout.
+    """
+    c = model.config
+    for name, p in model.named_parameters():
+        if name in skip:
+            continue
+        arr = p.detach().float().numpy().copy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            arr = _permute(arr, c.num_attention_heads)
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            arr = _permute(arr, c.num_key_value_heads)
+        yield gguf_name(name), arr
+
+
+def write_out(w) -> None:
+    """Write the ``gguf.GGUFWriter`` ``w``'s header, metadata and tensors, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def _gguf_bytes(write) -> bytes:
@@ -63,14 +105,7 @@ def _model_gguf(model, qtype_name: str, arch: str, tokenizer: bool, template: st
     def write(path):
         c = model.config
         w = gguf.GGUFWriter(str(path), arch)
-        w.add_block_count(c.num_hidden_layers)
-        w.add_context_length(c.max_position_embeddings)
-        w.add_embedding_length(c.hidden_size)
-        w.add_feed_forward_length(c.intermediate_size)
-        w.add_head_count(c.num_attention_heads)
-        w.add_head_count_kv(c.num_key_value_heads)
-        w.add_layer_norm_rms_eps(c.rms_norm_eps)
-        w.add_rope_freq_base(c.rope_theta)
+        add_hparams(w, c)
         if tokenizer:
             w.add_tokenizer_model("gpt2")
             w.add_tokenizer_pre("smollm")
@@ -81,26 +116,16 @@ def _model_gguf(model, qtype_name: str, arch: str, tokenizer: bool, template: st
             w.add_eos_token_id(tiny.EOS)
             if template is not None:
                 w.add_chat_template(template)
-        for name, p in model.named_parameters():
-            if tied and name == "lm_head.weight":
-                continue
-            arr = p.detach().float().numpy().copy()
-            if arch == "llama" and "q_proj" in name:
-                arr = _permute(arr, c.num_attention_heads)
-            elif arch == "llama" and "k_proj" in name:
-                arr = _permute(arr, c.num_key_value_heads)
+        for name, arr in model_tensors(model, arch, skip=("lm_head.weight",) if tied else ()):
             if arr.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
-                w.add_tensor(_gguf_name(name), arr)
+                w.add_tensor(name, arr)
             elif qtype == gguf.GGMLQuantizationType.F16:
-                w.add_tensor(_gguf_name(name), arr.astype(np.float16))
+                w.add_tensor(name, arr.astype(np.float16))
             else:
-                w.add_tensor(_gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+                w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         if rope_freqs:
             w.add_tensor("rope_freqs.weight", np.linspace(1, 4, c.head_dim // 2, dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write_out(w)
 
     return _gguf_bytes(write)
 
@@ -115,10 +140,7 @@ def _one_tensor_gguf(qtype) -> bytes:
         w = gguf.GGUFWriter(str(path), "llama")
         raw = np.random.default_rng(int(qtype)).integers(0, 256, (2, size), dtype=np.uint8)
         w.add_tensor("token_embd.weight", raw, raw_dtype=qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write_out(w)
 
     return _gguf_bytes(write)
 
@@ -151,10 +173,7 @@ def _tokenizer_gguf(template: str | None, pre: str) -> bytes:
                 w.add_array(key, [int(v) for v in value])
             else:
                 w.add_uint32(key, value)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write_out(w)
 
     return _gguf_bytes(write)
 
