@@ -3,7 +3,9 @@
 ``read_startup_log`` picks out "Model loading took", "Total non KV cache
 memory" (printed at DEBUG only), "Available KV cache memory", the capacity
 line ("GPU KV cache size: N tokens", "Maximum concurrency for ... tokens per
-request") and the startup refusal about free memory; ``size_from_log`` turns
+request"), the startup refusal about free memory and the usage summary after
+CUDA-graph capture ("Actual usage is ...", in every wording from 0.10.2 to
+0.33.0: ``USAGE_WORDINGS``); ``size_from_log`` turns
 them, with the model's spec, into the pool, its blocks and the concurrency for
 a workload, with the arithmetic of :mod:`pagedkv.budget`; ``server_log_lines``
 prints what a plan would make a server log.
@@ -27,14 +29,89 @@ _LOG_PATTERNS = {
     "available_kv_gib": re.compile(r"Available KV cache memory: " + _NUM + r" ?GiB"),
     "kv_cache_tokens": re.compile(r"KV cache size: " + _NUM + r" tokens"),
     "concurrency": re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x"),
-    "free_total": re.compile(r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup"),
-    "utilization": re.compile(r"Desired GPU memory utilization is \(" + _NUM + ", " + _NUM + " GiB\\)"),
+    # The usage summary's first two sentences; any whitespace for a space, as its
+    # third ("Actual usage is", below), so a wrapped summary reads whole.
+    "free_total": re.compile(r"Free\s+memory\s+on\s+device[^(]*\(" + _NUM + "/" + _NUM
+                             + r"\s+GiB\)\s+on\s+startup"),
+    "utilization": re.compile(r"Desired\s+GPU\s+memory\s+utilization\s+is\s+\(" + _NUM + r",\s+" + _NUM
+                              + r"\s+GiB\)"),
     "cudagraph_estimate_gib": re.compile(r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM
                                          + r" GiB \(estimated\)"),
-    "actual_usage": re.compile(r"Actual usage is " + _NUM + r" GiB for consumed memory \(weights \+ "
-                               r"non-torch\), " + _NUM + r" GiB for peak activation, and " + _NUM
-                               + r" GiB for CUDAGraph memory"),
 }
+
+# The summary the worker prints once the CUDA graphs are captured, without
+# --kv-cache-memory: "Free memory on device (F/T GiB) on startup. Desired GPU
+# memory utilization is (U, R GiB). Actual usage is ... Replace
+# gpu_memory_utilization config with `--kv-cache-memory=N` ... Current kv cache
+# memory in use is ...". Its "Actual usage is" sentence, by release, each read
+# from that release's wheel (v1/worker/gpu_worker.py, the f-string assigned to
+# ``msg`` and logged in ``compile_or_warm_up_model``, ``_compile_or_warm_up_model`` in 0.33.0; every figure
+# rendered as str(round(bytes / 2**30, 2)), by a ``GiB`` lambda up to 0.13.0
+# and ``format_gib`` from 0.14.0, which print the same):
+#
+#   releases         "Actual usage is ..."                       rest of the message      level
+#   to 0.10.1.1      (no such line)
+#   0.10.2           W GiB for weight, P GiB for peak            `--kv-cache-memory=N`,   INFO
+#                    activation, N GiB for non-torch memory,     "... in use is B bytes."
+#                    and G GiB for CUDAGraph memory
+#                    (gpu_worker.py:372-391)
+#   0.11.0-0.26.0    the same four figures                       "(X GiB)" after each N,  DEBUG to 0.25.1,
+#                    (0.11.0 gpu_worker.py:372-393,              "... in use is X GiB."   INFO from 0.26.0
+#                    0.26.0 gpu_worker.py:835-857)
+#   0.27.0-0.33.0    C GiB for consumed memory (weights +        as 0.11.0                INFO
+#                    non-torch), P GiB for peak activation, and
+#                    G GiB for CUDAGraph memory
+#                    (0.27.0 gpu_worker.py:767-789,
+#                    0.33.0 gpu_worker.py:1044-1066)
+#
+# Only the sentence is read (the rest of the message adds nothing to size
+# with, and a line cut after "CUDAGraph memory." still reads). Spaces match
+# any whitespace, so a wrapped line reads too; a figure may be negative
+# (non-torch memory can shrink while profiling). A sentence in no wording
+# here is refused by name: it is not silently taken for another.
+_FIGURE = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+
+
+def _wording(template: str) -> re.Pattern:
+    """The sentence ``template`` (each figure a ``{}``) as a pattern: literal text, any whitespace for a space."""
+    parts = [re.sub(r"\\ ", r"\\s+", re.escape(part)) for part in template.split("{}")]
+    return re.compile(_FIGURE.join(parts))
+
+
+#: (releases, the figures in their order, pattern) for each wording of "Actual usage is ...".
+USAGE_WORDINGS = (
+    ("0.10.2-0.26.0", ("weights_gib", "activation_gib", "non_torch_gib", "cudagraph_gib"),
+     _wording("Actual usage is {} GiB for weight, {} GiB for peak activation, {} GiB for non-torch memory, "
+              "and {} GiB for CUDAGraph memory")),
+    ("0.27.0-0.33.0", ("consumed_gib", "activation_gib", "cudagraph_gib"),
+     _wording("Actual usage is {} GiB for consumed memory (weights + non-torch), {} GiB for peak activation, "
+              "and {} GiB for CUDAGraph memory")),
+)
+_USAGE_START = re.compile(r"Actual\s+usage\s+is\b")
+
+
+def _read_usage(text: str) -> dict:
+    """The last "Actual usage is" sentence's figures (with ``usage_releases``), or {} when there is none.
+
+    ``ValueError`` naming the sentence when one of them is in no known wording.
+    """
+    found: dict = {}
+    for start in _USAGE_START.finditer(text):
+        for releases, names, pattern in USAGE_WORDINGS:
+            m = pattern.match(text, start.start())
+            if m:
+                found = dict(zip(names, map(_number, m.groups())), usage_releases=releases)
+                break
+        else:
+            end = text.find("\n", start.start())
+            sentence = text[start.start():end if end >= 0 else len(text)][:200]
+            raise ValueError(f"the 'Actual usage is ...' sentence {sentence!r} is in none of the wordings vLLM "
+                             f"{USAGE_WORDINGS[0][0].split('-')[0]} to {USAGE_WORDINGS[-1][0].split('-')[1]} "
+                             f"prints ({'; '.join(w[0] for w in USAGE_WORDINGS)}): is it cut, edited, or from "
+                             f"another release?")
+    if "weights_gib" in found:  # the four-figure wording: consumed is weights + non-torch, as 0.27.0 names it
+        found["consumed_gib"] = round(found["weights_gib"] + found["non_torch_gib"], 2)
+    return found
 
 
 def _number(text: str) -> float:
@@ -64,7 +141,14 @@ class StartupLog:
       ``requested_gib``, ``consumed_gib``, ``activation_gib``,
       ``cudagraph_gib``: the INFO message after CUDA graphs are captured
       ("Free memory on device (F/T GiB) on startup. Desired GPU memory
-      utilization is (U, R GiB). Actual usage is ...").
+      utilization is (U, R GiB). Actual usage is ..."). ``consumed_gib`` is
+      weights + non-torch memory: printed as one figure from 0.27.0; from
+      0.10.2 to 0.26.0 the sentence prints ``weights_gib`` and
+      ``non_torch_gib`` apart (None from later releases) and
+      ``consumed_gib`` is their sum, to the log's rounding (0.01 GiB).
+      There, the peak activation is torch's peak increase alone; from 0.27.0
+      it holds the CUDA-graph estimate vLLM subtracted, when applied.
+      ``usage_releases`` names the wording read (``USAGE_WORDINGS``).
     """
 
     model_loading_gib: float | None = None
@@ -81,6 +165,9 @@ class StartupLog:
     activation_gib: float | None = None
     cudagraph_gib: float | None = None
     cudagraph_estimate_gib: float | None = None
+    weights_gib: float | None = None
+    non_torch_gib: float | None = None
+    usage_releases: str | None = None
 
     @property
     def derived_non_kv_gib(self) -> float | None:
@@ -115,8 +202,9 @@ class StartupLog:
 def read_startup_log(text: str) -> StartupLog:
     """The sizing figures in a server's startup log (any prefix, any order; the last of each wins).
 
-    ``ValueError`` when the text holds none of them, or "Available KV cache
-    memory" is missing (without the pool there is nothing to size).
+    ``ValueError`` when the text holds none of them, when "Available KV
+    cache memory" is missing (without the pool there is nothing to size), or
+    when an "Actual usage is" sentence is in none of ``USAGE_WORDINGS``.
     """
     if not isinstance(text, str):
         raise TypeError(f"the log must be a str, got {type(text).__name__}")
@@ -134,12 +222,11 @@ def read_startup_log(text: str) -> StartupLog:
             found["gpu_memory_utilization"], found["requested_gib"] = _number(last[0]), _number(last[1])
         elif key == "cudagraph_estimate_gib":
             found[key] = _number(last[1])
-        elif key == "actual_usage":
-            found["consumed_gib"], found["activation_gib"], found["cudagraph_gib"] = map(_number, last)
         elif key == "kv_cache_tokens":
             found[key] = int(_number(last))
         else:
             found[key] = _number(last)
+    found.update(_read_usage(text))
     if "available_kv_gib" not in found:
         raise ValueError("the log has no 'Available KV cache memory: X GiB' line (vLLM prints it at INFO "
                          "once the pool is sized); without the pool there is nothing to size")
