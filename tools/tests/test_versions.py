@@ -360,8 +360,8 @@ POOL_LINE = "Available KV cache memory: 1.00 GiB"  # read_startup_log needs the 
 def test_each_releases_startup_lines_are_read_as_the_matrix_says():
     # Issue 46 (upgrades from 0.10.x): the page's reader (pagedkv.server_log)
     # must find the sizing figures in every release's wording, and where it
-    # cannot (the "Actual usage" line before 0.27.0) the matrix must say so.
-    # Each cell's lines are rendered from that release's own source.
+    # cannot the matrix must say so ("not read by the page"). Each cell's
+    # lines are rendered from that release's own source.
     from pagedkv.server_log import read_startup_log
 
     m = versions.load_matrix()
@@ -395,11 +395,52 @@ def test_each_releases_startup_lines_are_read_as_the_matrix_says():
         log = read_startup_log("\n".join([line, POOL_LINE]))
         assert (log.consumed_gib is None) == ("not read by the page" in cell["value"]), (cell["release"], line)
         assert log.free_gib is not None and log.gpu_memory_utilization == 2.5, line
+        # Every figure is rendered 2.5: four of them add weights and non-torch into consumed.
+        four = cell["value"].endswith("four figures")
+        assert (log.weights_gib, log.non_torch_gib) == ((2.5, 2.5) if four else (None, None)), cell["release"]
+        assert log.consumed_gib == (5.0 if four else 2.5) and log.activation_gib == log.cudagraph_gib == 2.5
     for cell in _row(m, "'CUDA graph pool memory")["cells"]:
         printed = [x for x in rendered(cell) if "CUDA graph pool memory" in x]
         assert bool(printed) == (cell["value"] == "present"), cell["release"]
         if printed:
             assert read_startup_log("\n".join(printed + [POOL_LINE])).cudagraph_estimate_gib is not None
+
+
+def test_every_release_from_0_10_2_prints_a_usage_sentence_the_reader_reads_when_cached():
+    # The matrix reads a few releases; pagedkv.server_log.USAGE_WORDINGS claims
+    # a range each. Every release of pypi_order from 0.10.2 on whose
+    # gpu_worker.py can be read must render a usage sentence that the wording
+    # covering that release reads (CI reads them all; elsewhere a release that
+    # cannot be read is skipped).
+    from pagedkv.server_log import USAGE_WORDINGS, read_startup_log
+
+    m = versions.load_matrix()
+    order = m["pypi_order"]
+
+    def covers(span, v):
+        lo, hi = span.split("-")
+        return order.index(lo) <= order.index(v) <= order.index(hi)
+
+    read = []
+    for v in order[order.index("0.10.2"):]:
+        found = versions.open_wheel(v, m["platforms"][v])
+        try:
+            if isinstance(found, str):
+                raise wheel_members.MemberFetchError(found)
+            lines = found.lines("v1/worker/gpu_worker.py")
+        except wheel_members.MemberFetchError:
+            if os.environ.get("CI", "").lower() in ("true", "1"):
+                raise
+            continue
+        at = next(i + 1 for i, line in enumerate(lines) if "Actual usage is" in line)
+        (sentence,) = [x for x in _rendered_lines(lines, at, at) if "Actual usage is" in x]
+        log = read_startup_log("\n".join([sentence, POOL_LINE]))
+        assert covers(log.usage_releases, v), (v, log.usage_releases)
+        assert [covers(w[0], v) for w in USAGE_WORDINGS].count(True) == 1, v
+        read.append(v)
+    if not read:
+        pytest.skip("no release's gpu_worker.py from 0.10.2 on is cached")
+    assert "0.33.0" in read
 
 
 def _registered_metrics(wheel) -> set[str]:
