@@ -44,7 +44,7 @@ LAYERS = [
     {"kv_cache_planning"},
     {"budget", "hashing"},
     {"server_log", "non_kv_estimate", "free_queue", "pool_events", "request"},
-    {"block_pool"},
+    {"block_pool", "step_tokens"},
     {"single_type_managers"},
     {"mamba_manager"},
     {"kv_cache_coordinator"},

@@ -42,6 +42,7 @@ from .kv_cache_coordinator import KVCacheBlocks, PrefixCacheStats, get_kv_cache_
 from .kv_cache_manager import KVCacheManager
 from .kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec
 from .request import Request
+from .step_tokens import check_step_tokens
 
 __all__ = ["GroupedKVCacheManager", "get_kv_cache_manager"]
 
@@ -154,9 +155,9 @@ class GroupedKVCacheManager(KVCacheManager):
         if has_scheduled_reqs is not None and not isinstance(has_scheduled_reqs, bool):
             raise TypeError(f"has_scheduled_reqs must be a bool or None, got {has_scheduled_reqs!r}")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        n = request.num_tokens + getattr(request, "num_output_placeholders", 0)
-        if num_computed + num_new_tokens > n:
-            raise ValueError(f"request {rid!r} has {n} tokens; cannot compute {num_new_tokens} after {num_computed}")
+        # Past num_tokens (and async placeholders) only by the request's drafts, which are never cached.
+        if num_computed + num_new_tokens > request.num_tokens + getattr(request, "num_output_placeholders", 0):
+            check_step_tokens(request, num_computed, num_new_tokens)
         total = min(num_computed, self.max_model_len)
         num_need_slot = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         coordinator = self.coordinator

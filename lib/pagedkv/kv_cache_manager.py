@@ -11,8 +11,9 @@ list per group. The scheduler asks two questions per request:
   prefix cache? The longest cached prefix, stopping at the first miss, capped
   so the last prompt token is always recomputed (its logits are needed).
 * ``allocate_slots(request, num_new_tokens, ...)``: give this step's tokens
-  somewhere to live, or return ``None`` (nothing changed) so the scheduler can
-  preempt someone and retry. The capacity test is one subtraction.
+  (draft tokens included, never cached) somewhere to live, or return
+  ``None`` (nothing changed) so the scheduler can preempt someone and retry.
+  The capacity test is one subtraction.
 
 Sharing and copy-on-write
 -------------------------
@@ -67,6 +68,7 @@ from .common import InvariantError, cdiv, check_int, check_real, require
 from .hashing import BlockHash
 from .kv_cache_coordinator import KVCacheBlocks, PrefixCacheStats
 from .request import Request
+from .step_tokens import check_step_tokens
 
 __all__ = ["KVCacheManager", "KVCacheBlocks", "PrefixCacheStats", "InvariantError"]
 
@@ -260,13 +262,14 @@ class KVCacheManager:
 
         Args:
             request: the request; its ``num_computed_tokens`` is where this step starts.
-            num_new_tokens: tokens computed this step, at least 1, and no more
-                than the request has: ``num_computed_tokens +
-                num_new_computed_tokens + num_new_tokens <= request.num_tokens``.
-                vLLM also accepts unverified speculative draft tokens past
-                ``num_tokens`` (slots for them, capped at ``max_model_len``, but
-                cached only up to the real tokens); this book leaves speculative
-                decoding out, so such a call is a ``ValueError`` that says so.
+            num_new_tokens: tokens computed this step, at least 1, including
+                unverified draft tokens as in vLLM: ``num_computed_tokens +
+                num_new_computed_tokens + num_new_tokens`` at most
+                ``request.num_tokens_with_spec`` (plus async placeholders;
+                ``pagedkv.step_tokens``). Drafts get slots but are cached only
+                up to ``request.num_tokens``, so a rejected draft never enters
+                the prefix cache. The book models drafts here, at the manager;
+                the engine has no drafter, so its requests carry none.
             num_new_computed_tokens, new_computed_blocks: a prefix hit from
                 ``get_computed_blocks``, for a request that holds no blocks yet.
             num_lookahead_tokens: extra slots past this step's tokens, never
@@ -336,7 +339,8 @@ class KVCacheManager:
             req_blocks.extend(new_blocks[partial_hit:])
 
             # Cache the blocks this step fills, as soon as it is scheduled, up to the tokens known
-            # (a placeholder has no token, so no hash, yet): vLLM's num_tokens_to_cache.
+            # (a placeholder has no token, a draft may be rejected: neither has a hash): vLLM's
+            # num_tokens_to_cache, capped at num_tokens.
             self._cache_full(request, min(num_computed + num_new_tokens, request.num_tokens))
             if self.enable_caching and r > 1:  # partial prefixes exist only with a finer match unit
                 self._record_partial_entries(request)
@@ -379,12 +383,9 @@ class KVCacheManager:
             raise TypeError(f"has_scheduled_reqs must be a bool or None, got "
                             f"{type(has_scheduled_reqs).__name__} {has_scheduled_reqs!r}")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        # Slots for async scheduling's placeholders (tokens a scheduled step samples) are allowed.
-        n = request.num_tokens + getattr(request, "num_output_placeholders", 0)
-        if num_computed + num_new_tokens > n:
-            raise ValueError(f"request {rid!r} has {n} tokens{' with placeholders' * (n > request.num_tokens)}; "
-                             f"cannot compute {num_new_tokens} after {num_computed} (tokens past num_tokens would be "
-                             "speculative draft tokens, which this book leaves out)")
+        # Past num_tokens (and async placeholders) only by the request's drafts: checked there, off the plain path.
+        if num_computed + num_new_tokens > request.num_tokens + getattr(request, "num_output_placeholders", 0):
+            check_step_tokens(request, num_computed, num_new_tokens)
         if hit:
             self._validate_hit(request, hit, num_new_computed_tokens)
 

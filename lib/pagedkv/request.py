@@ -31,6 +31,15 @@ class Request:
     scheduled step will sample but that are not in ``all_token_ids`` yet:
     always 0 without async scheduling; under it, a running decode's next
     token, whose slot the next step allocates before it is sampled.
+
+    ``spec_token_ids`` (vLLM's name) are draft tokens proposed for the next
+    step: a step may compute them beside the last real token, so the manager
+    gives them slots, but they are not in ``all_token_ids``, have no hash and
+    are never cached. A scheduler that models drafts sets them before a step
+    and clears them once it is scheduled, as vLLM's does; nothing in this
+    library proposes any (the engine has no drafter), so they stay empty
+    unless a caller sets them. ``num_tokens_with_spec`` is ``num_tokens``
+    plus the drafts.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16,
@@ -47,6 +56,7 @@ class Request:
         self.all_token_ids: list[int] = list(prompt)
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0
+        self._spec_token_ids: list[int] = []
         self.hash_block_size: int | None = (None if hash_block_size is None
                                             else check_int(hash_block_size, "hash_block_size", 1))
         self.block_hashes: list[BlockHash] = []
@@ -55,6 +65,21 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        """Draft tokens for the next step (empty without speculative decoding); assign to change them."""
+        return self._spec_token_ids
+
+    @spec_token_ids.setter
+    def spec_token_ids(self, token_ids: Sequence[int]) -> None:
+        # Validated as any token ids (vLLM's -1 for an invalid draft fits in int64), then copied.
+        self._spec_token_ids = check_token_ids(token_ids, "spec_token_ids")
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """``num_tokens`` plus the draft tokens: how far a step may compute, placeholders aside (vLLM's name)."""
+        return len(self.all_token_ids) + len(self._spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -573,7 +573,7 @@ def test_bad_allocation_arguments_change_nothing():
         (lambda: m.allocate_slots("b", 1), TypeError, "expected a Request"),
         (lambda: m.get_block_ids("b"), KeyError, "request 'b' holds no blocks"),
         (lambda: m.free(3), TypeError, "expected a Request or a request id"),
-        (lambda: m.allocate_slots(b, 13), ValueError, "speculative draft tokens, which this book leaves out"),
+        (lambda: m.allocate_slots(b, 13), ValueError, "past num_tokens only by the request's spec_token_ids"),
     ]
     for call, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -660,12 +660,12 @@ def test_freeing_a_request_that_never_got_blocks_is_a_no_op():
     m.check()
 
 
-def test_draft_tokens_are_refused_with_a_reason():
+def test_tokens_past_num_tokens_without_drafts_are_refused_with_a_reason():
     m = KVCacheManager(num_blocks=10, block_size=4)
     a = Request("a", list(range(6)), max_tokens=4)
     before = snapshot(m)
-    with pytest.raises(ValueError, match=r"has 6 tokens; cannot compute 8 after 0 \(tokens past num_tokens would "
-                                         r"be speculative draft tokens, which this book leaves out\)"):
+    with pytest.raises(ValueError, match=r"has 6 tokens; cannot compute 8 after 0 \(a step runs past num_tokens "
+                                         r"only by the request's spec_token_ids, and it has none\)"):
         m.allocate_slots(a, 8)
     assert snapshot(m) == before
     assert m.allocate_slots(a, 6, num_lookahead_tokens=2) is not None  # lookahead slots: 8 tokens, 2 blocks
