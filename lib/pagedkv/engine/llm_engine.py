@@ -420,8 +420,9 @@ class LLMEngine:
         per prompt, or None (0 for all); as in :meth:`add_request`, it orders
         the queue under ``EngineArgs(scheduling_policy="priority")``, smaller
         first, and is taken and ignored under ``"fcfs"``, as vLLM 0.33.0 does
-        (no check refuses it there: ``FCFSRequestQueue.add_request`` appends,
-        ``v1/core/sched/request_queue.py:75-84``). Every argument is checked
+        (no check refuses it there: ``add_request``
+        (``v1/core/sched/request_queue.py:80-82``) of the FCFS queue just
+        appends). Every argument is checked
         before any request is added: bad input adds none.
         """
         if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
