@@ -48,7 +48,7 @@ LAYERS = [
     {"single_type_managers"},
     {"mamba_manager"},
     {"kv_cache_coordinator"},
-    {"kv_cache_manager", "token_pool"},
+    {"kv_cache_manager", "token_pool", "radix_cache"},
     {"grouped_kv_cache_manager"},
     {"kernels"},
     {"request_state", "staged_write"},
