@@ -65,3 +65,77 @@ def test_bad_input_names_the_problem():
     run = simulate(ConversationWorkload(duration_s=60.0, burst_at_s=None))
     with pytest.raises(ValueError, match="no request between 100"):
         run.rate_between(100, 200)
+
+
+# The CPU offload tier (vLLM's --kv-offloading-size, its CPU backend's LRU policy).
+
+def test_a_cpu_tier_never_changes_the_gpu_pool():
+    quiet = ConversationWorkload(**MINUTES)
+    plain = simulate(quiet)
+    for cpu_blocks in (0, 5600):
+        run = simulate(ConversationWorkload(**MINUTES, cpu_blocks=cpu_blocks), check_every=50)
+        # Loads take GPU blocks as computed tokens do: the GPU's hits and evictions are the same.
+        assert run.windows == plain.windows and run.conversation_windows == plain.conversation_windows
+        assert run.idle_before_evict_s == plain.idle_before_evict_s
+        assert run.recovery_s() == plain.recovery_s()
+    empty = simulate(ConversationWorkload(**MINUTES, cpu_blocks=0))
+    assert not any(n for _, n in empty.loaded_windows) and empty.cpu_stored_blocks == 0
+    assert empty.cpu_failed_stores == empty.num_turns + quiet.burst_requests  # every offer refused
+    assert plain.rate_between(0, 3600, source="cpu") == 0.0
+
+
+def test_a_cpu_tier_several_times_the_pool_keeps_the_histories_through_the_burst():
+    w = ConversationWorkload(**MINUTES)
+    burst_prompt_blocks = w.burst_requests * (w.burst_prompt_len // w.block_size)
+    runs = {n: simulate(ConversationWorkload(**MINUTES, cpu_blocks=n)) for n in (2 * w.num_blocks, 4 * w.num_blocks)}
+    small, big = runs[2 * w.num_blocks], runs[4 * w.num_blocks]
+    assert 2 * w.num_blocks < burst_prompt_blocks + w.working_set_blocks < 4 * w.num_blocks
+    after = (1800, 1860)
+    gpu = big.rate_between(*after, conversations_only=True)
+    # The big tier holds the histories and the burst's prompts: the evicted histories load from CPU.
+    assert big.rate_between(*after, conversations_only=True, source="cpu") > 0.6
+    assert big.rate_between(*after, conversations_only=True, source="both") > 0.9 * big.rate_between(
+        0, 1800, conversations_only=True, source="both") > gpu + 0.6
+    assert big.recovery_s(source="both") < big.recovery_s()
+    # The small one: the burst's prompts flush the histories out of CPU memory too.
+    assert small.rate_between(*after, conversations_only=True, source="cpu") < 0.05
+    assert small.cpu_evicted_blocks > burst_prompt_blocks
+    # With the replies stored too, a turn loads its whole history but the reply's last token.
+    full = simulate(ConversationWorkload(**MINUTES, cpu_blocks=4 * w.num_blocks, cpu_offload_prompt_only=False))
+    assert full.rate_between(*after, True, "both") > big.rate_between(*after, True, "both")
+
+
+def test_the_cpu_tier_is_lru_tail_first_and_stores_all_or_nothing():
+    from pagedkv.sim.conversations import ConversationRun, _CPUTier
+
+    run = ConversationRun(ConversationWorkload())
+    tier = _CPUTier(5, run)
+    tier.offer(["a0", "a1", "a2"])  # one request's prompt: its tail is evicted first
+    assert list(tier.order) == ["a2", "a1", "a0"]
+    tier.offer(["b0", "b1"])
+    assert list(tier.order) == ["a2", "a1", "a0", "b1", "b0"]
+    assert tier.lookup(["a0", "a1", "a2", "x"], 0, 4) == 3 and tier.lookup(["a0", "x", "a2"], 0, 3) == 1
+    assert list(tier.order)[0] == "a2"  # a lookup changes no recency
+    tier.offer(["a0", "c1"])  # a0 is held (refreshed, never evicted by its own offer); c1 evicts a2
+    assert list(tier.order) == ["a1", "b1", "b0", "c1", "a0"] and run.cpu_evicted_blocks == 1
+    before = list(tier.order)
+    tier.offer(["b0", "d1", "d2", "d3", "d4", "d5"])  # 5 new blocks, room for 4 beside b0: none stored
+    assert run.cpu_failed_stores == 1 and set(tier.order) == set(before)
+    assert list(tier.order)[-1] == "b0"  # the held block is still refreshed
+    assert run.cpu_stored_blocks == 6
+
+
+def test_bad_cpu_tiers_are_refused_by_name():
+    with pytest.raises(ValueError, match="cpu_blocks must be >= 0, got -1"):
+        ConversationWorkload(cpu_blocks=-1)
+    with pytest.raises(TypeError, match="cpu_blocks must be an int, got float 2.5"):
+        ConversationWorkload(cpu_blocks=2.5)
+    with pytest.raises(TypeError, match="cpu_blocks must be an int, got bool True"):
+        ConversationWorkload(cpu_blocks=True)
+    with pytest.raises(TypeError, match="cpu_offload_prompt_only must be a bool, got str 'yes'"):
+        ConversationWorkload(cpu_blocks=10, cpu_offload_prompt_only="yes")
+    run = simulate(ConversationWorkload(duration_s=60.0, burst_at_s=None, cpu_blocks=100))
+    with pytest.raises(ValueError, match="source must be 'gpu', 'cpu' or 'both', got 'host'"):
+        run.rate_between(0, 60, source="host")
+    with pytest.raises(ValueError, match="got 'host'"):
+        run.recovery_s(source="host")

@@ -28,11 +28,49 @@ It returns the panel's hit rate per window (``rate(hits) / rate(queries)``
 over every request, the burst's included, as vLLM counts them) and the
 idle time of every block the pool reused (what
 ``vllm:kv_block_idle_before_evict_seconds`` samples).
+
+**A CPU offload tier** (``cpu_blocks``, off by default) models vLLM's
+native KV offloading (``--kv-offloading-size``: its ``OffloadingConnector``
+with the CPU backend and the default LRU policy) at the level of blocks,
+hashes and LRU order. What is modelled:
+
+- capacity: ``cpu_blocks`` blocks (vLLM: the GiB given, divided by the
+  bytes of one GPU block, one block per chunk by default); 0 is a tier that
+  can store nothing, as vLLM's with too few bytes for one chunk;
+- stores: once a request's prompt is computed, its full prompt blocks'
+  hashes are offered, from the first (blocks hit on the GPU or loaded
+  included); the reply's full blocks only with
+  ``cpu_offload_prompt_only=False`` (vLLM's ``offload_prompt_only``
+  defaults to True), offered once the request finishes, up to its last
+  token but one. An offer evicts the tier's least recent blocks, never
+  one of the offered; if that cannot make room for every new block, none
+  is stored (vLLM's ``prepare_store`` fails whole) and the offered blocks
+  already there are still refreshed;
+- recency: every block a request offers or loads becomes the most
+  recent, its last block first and its first block last, so a request's
+  tail is evicted before its head, as on the GPU;
+- lookup: after the GPU's prefix hit ends, the tier is asked for the
+  following blocks, consecutive ones from there, capped like the GPU's
+  lookup (the last prompt token is always computed). A lookup changes no
+  recency; the load that follows does;
+- a load needs GPU blocks for what it brings, allocated exactly as for
+  tokens computed, so the GPU pool, its hits and its evictions are the
+  same with or without the tier: loaded tokens are counted apart, as vLLM
+  counts them in ``vllm:external_prefix_cache_hits``, not in
+  ``vllm:prefix_cache_hits``.
+
+What is not: time (stores and loads are instant, so no block is pinned by
+a transfer in flight, no lookup is deferred or answered "pending", and no
+request waits for its load), the GPU blocks an in-flight store keeps from
+reuse, chunks of several blocks, ``store_threshold``, the ARC policy, and
+the CPU memory's bytes (the tier counts blocks).
 """
 
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..common import cdiv, check_int, check_real
@@ -62,6 +100,10 @@ class ConversationWorkload:
         duration_s: how long the users' clock runs.
         window_s: the width of the hit-rate windows.
         seed: seeds think times and tokens.
+        cpu_blocks: the CPU offload tier's capacity in blocks (None: no
+            tier; see the module docstring).
+        cpu_offload_prompt_only: the tier stores prompt blocks only
+            (vLLM's default), or the reply's too.
     """
 
     num_conversations: int = 24
@@ -79,8 +121,15 @@ class ConversationWorkload:
     duration_s: float = 1500.0
     window_s: float = 30.0
     seed: int = 0
+    cpu_blocks: int | None = None
+    cpu_offload_prompt_only: bool = True
 
     def __post_init__(self):
+        if self.cpu_blocks is not None:
+            check_int(self.cpu_blocks, "cpu_blocks", 0)
+        if not isinstance(self.cpu_offload_prompt_only, bool):
+            raise TypeError(f"cpu_offload_prompt_only must be a bool, got "
+                            f"{type(self.cpu_offload_prompt_only).__name__} {self.cpu_offload_prompt_only!r}")
         for name in ("num_conversations", "message_len", "reply_len", "turns", "burst_requests",
                      "burst_prompt_len", "burst_output_len", "block_size"):
             check_int(getattr(self, name), name, 1)
@@ -123,6 +172,16 @@ class ConversationRun:
             rather than a partial block nobody could hit, which the manager
             frees to the head of the queue and reuses within seconds.
         num_turns: conversation turns served.
+        loaded_windows: ``(start_s, tokens loaded from the CPU tier)`` per
+            window, every request counted; all 0 without a tier.
+        conversation_loaded_windows: the same, conversation turns only.
+        cpu_stored_blocks, cpu_evicted_blocks: blocks the CPU tier stored and
+            evicted; cpu_failed_stores: offers that stored nothing for want
+            of room.
+
+    The rates take ``source``: "gpu" (the GPU prefix cache's hits, the
+    default and the only source without a tier), "cpu" (tokens loaded from
+    the tier) or "both" (their sum: what the request did not compute).
     """
 
     workload: ConversationWorkload
@@ -130,29 +189,49 @@ class ConversationRun:
     conversation_windows: list[tuple[float, int, int]] = field(default_factory=list)
     idle_before_evict_s: list[tuple[float, float, bool]] = field(default_factory=list)
     num_turns: int = 0
+    loaded_windows: list[tuple[float, int]] = field(default_factory=list)
+    conversation_loaded_windows: list[tuple[float, int]] = field(default_factory=list)
+    cpu_stored_blocks: int = 0
+    cpu_evicted_blocks: int = 0
+    cpu_failed_stores: int = 0
 
-    def hit_rates(self, conversations_only: bool = False) -> list[tuple[float, float | None]]:
-        """``(window start, hit rate)``; None for a window without requests."""
+    def _rows(self, conversations_only: bool, source: str) -> list[tuple[float, int, int]]:
+        """``(start, queried, hits)`` per window, hits from ``source``."""
+        if source not in ("gpu", "cpu", "both"):
+            raise ValueError(f"source must be 'gpu', 'cpu' or 'both', got {source!r}")
         rows = self.conversation_windows if conversations_only else self.windows
+        if source == "gpu":
+            return rows
+        loaded = self.conversation_loaded_windows if conversations_only else self.loaded_windows
+        if len(loaded) != len(rows):  # a run built by hand without loads: none loaded
+            loaded = [(t, 0) for t, _, _ in rows]
+        return [(t, q, (h if source == "both" else 0) + n) for (t, q, h), (_, n) in zip(rows, loaded)]
+
+    def hit_rates(self, conversations_only: bool = False,
+                  source: str = "gpu") -> list[tuple[float, float | None]]:
+        """``(window start, hit rate)``; None for a window without requests."""
+        rows = self._rows(conversations_only, source)
         return [(t, h / q if q else None) for t, q, h in rows]
 
-    def rate_between(self, start_s: float, end_s: float, conversations_only: bool = False) -> float:
+    def rate_between(self, start_s: float, end_s: float, conversations_only: bool = False,
+                     source: str = "gpu") -> float:
         """Hit rate over the windows that start in ``[start_s, end_s)``."""
-        rows = self.conversation_windows if conversations_only else self.windows
+        rows = self._rows(conversations_only, source)
         q = sum(r[1] for r in rows if start_s <= r[0] < end_s)
         h = sum(r[2] for r in rows if start_s <= r[0] < end_s)
         if not q:
             raise ValueError(f"no request between {start_s} s and {end_s} s")
         return h / q
 
-    def recovery_s(self, share: float = 0.9) -> float | None:
+    def recovery_s(self, share: float = 0.9, source: str = "gpu") -> float | None:
         """Seconds from the burst to the start of the first window after it whose conversation hit
         rate is back to ``share`` of the rate before the burst (None: no burst, or never)."""
         w = self.workload
+        rates = self.hit_rates(conversations_only=True, source=source)  # checks source first
         if w.burst_at_s is None:
             return None
-        before = self.rate_between(0.0, w.burst_at_s, conversations_only=True)
-        for t, rate in self.hit_rates(conversations_only=True):
+        before = self.rate_between(0.0, w.burst_at_s, conversations_only=True, source=source)
+        for t, rate in rates:
             if t > w.burst_at_s and rate is not None and rate >= share * before:
                 return t - w.burst_at_s
         return None
@@ -191,17 +270,80 @@ class _Clock:
                 self.last[b] = self.now
 
 
-def _serve(manager: KVCacheManager, rid: str, prompt: list[int], reply: list[int]) -> int:
-    """One request, served whole: its prefix hit, its prompt, its reply; returns the hit tokens.
+class _CPUTier:
+    """vLLM's CPU offloading manager with its LRU policy, reduced to block hashes in eviction order.
 
-    The reply's last token is sampled but never fed back, so its KV is not
+    Invariants: ``len(order) <= capacity``; ``order`` runs from the next
+    block to evict to the most recent. Stores and loads complete at once
+    (the module docstring says what that leaves out), so every block held
+    is ready and evictable between requests.
+    """
+
+    def __init__(self, capacity: int, run: ConversationRun):
+        self.capacity = capacity
+        self.order: OrderedDict[object, None] = OrderedDict()
+        self.run = run
+
+    def lookup(self, hashes: Sequence[object], start: int, stop: int) -> int:
+        """Blocks ``hashes[start:stop]`` held, consecutive from ``start`` (recency unchanged)."""
+        n = start
+        while n < stop and hashes[n] in self.order:
+            n += 1
+        return n - start
+
+    def touch(self, keys: Sequence[object]) -> None:
+        """``keys`` (one request's, in prompt order) become the most recent: the last evicted first."""
+        for key in reversed(keys):
+            if key in self.order:
+                self.order.move_to_end(key)
+
+    def offer(self, keys: Sequence[object]) -> None:
+        """Store the blocks of ``keys`` not held yet, evicting the least recent others; all or none."""
+        offered = set(keys)
+        new = [k for k in keys if k not in self.order]
+        held = len(keys) - len(new)
+        if new:
+            need = len(new) - (self.capacity - len(self.order))
+            if need > len(self.order) - held:  # the offered blocks are never evicted: no room
+                self.run.cpu_failed_stores += 1
+                new = []
+            elif need > 0:
+                victims = []
+                for key in self.order:
+                    if key not in offered:
+                        victims.append(key)
+                        if len(victims) == need:
+                            break
+                for key in victims:
+                    del self.order[key]
+                self.run.cpu_evicted_blocks += need
+            for key in new:
+                self.order[key] = None
+            self.run.cpu_stored_blocks += len(new)
+        self.touch(keys)
+
+
+def _serve(manager: KVCacheManager, rid: str, prompt: list[int], reply: list[int],
+           tier: _CPUTier | None = None, prompt_only: bool = True) -> tuple[int, int]:
+    """One request, served whole: its prefix hit, its prompt, its reply.
+
+    Returns the tokens hit on the GPU and those loaded from ``tier``. The
+    reply's last token is sampled but never fed back, so its KV is not
     computed (as in a real engine): the next turn computes it.
     """
     req = Request(rid, prompt, max_tokens=len(reply))
     hit, num_hit = manager.get_computed_blocks(req)
+    B = manager.block_size
+    num_loaded = 0
+    if tier is not None:  # the blocks after the GPU's hit, up to the GPU lookup's cap
+        num_loaded = tier.lookup(req.block_hashes, num_hit // B, (req.num_tokens - 1) // B) * B
+    # Loaded tokens take new GPU blocks as computed ones do: the allocation is the same either way.
     if manager.allocate_slots(req, req.num_tokens - num_hit, num_hit, hit) is None:
         raise RuntimeError(f"{rid} ({req.num_tokens} tokens) did not fit an idle pool: blocks leaked")
     req.num_computed_tokens = req.num_tokens
+    if tier is not None:  # the prompt's full blocks, from the first (the loaded ones among them)
+        stored = list(req.block_hashes[:len(prompt) // B])
+        tier.offer(stored)
     # The reply's tokens but the last, computed as one span (a decode step at a time in an engine;
     # alone in the pool, the blocks it takes are the same).
     for token in reply[:-1]:
@@ -211,8 +353,15 @@ def _serve(manager: KVCacheManager, rid: str, prompt: list[int], reply: list[int
             raise RuntimeError(f"{rid} could not grow in an idle pool: blocks leaked")
         req.num_computed_tokens += len(reply) - 1
     req.append_output_token_ids(reply[-1])
+    if tier is not None:
+        if not prompt_only:  # the reply's full blocks, up to its last token but one
+            reply_keys = list(req.block_hashes[len(stored):(req.num_tokens - 1) // B])
+            stored += reply_keys
+            if reply_keys:
+                tier.offer(reply_keys)
+        tier.touch(stored)  # finished: its blocks' recency is committed, the reply's tail first out
     manager.free(req)
-    return num_hit
+    return num_hit, num_loaded
 
 
 def simulate(workload: ConversationWorkload, check_every: int = 0) -> ConversationRun:
@@ -235,6 +384,8 @@ def simulate(workload: ConversationWorkload, check_every: int = 0) -> Conversati
     num_windows = int(w.duration_s // w.window_s) + 1
     windows = [[0, 0] for _ in range(num_windows)]
     conv_windows = [[0, 0] for _ in range(num_windows)]
+    loaded, conv_loaded = [0] * num_windows, [0] * num_windows
+    tier = None if w.cpu_blocks is None else _CPUTier(w.cpu_blocks, run)
     # Events: (time, order, kind, conversation index); a conversation's state is its history and turn.
     events: list[tuple[float, int, str, int]] = []
     order = iter(range(1 << 62))
@@ -257,17 +408,22 @@ def simulate(workload: ConversationWorkload, check_every: int = 0) -> Conversati
                 for k in range(w.burst_requests):
                     prompt = [next(next_token) for _ in range(w.burst_prompt_len)]
                     reply = [next(next_token) for _ in range(w.burst_output_len)]
-                    hit = _serve(manager, f"burst-{k}", prompt, reply)
+                    hit, num_loaded = _serve(manager, f"burst-{k}", prompt, reply, tier,
+                                             w.cpu_offload_prompt_only)
                     windows[win][0] += len(prompt)
                     windows[win][1] += hit
+                    loaded[win] += num_loaded
                     served += 1
                 continue
             prompt = histories[c] + [next(next_token) for _ in range(w.message_len)]
             reply = [next(next_token) for _ in range(w.reply_len)]
-            hit = _serve(manager, f"c{c}-t{turn[c]}", prompt, reply)
+            hit, num_loaded = _serve(manager, f"c{c}-t{turn[c]}", prompt, reply, tier,
+                                     w.cpu_offload_prompt_only)
             for rows in (windows, conv_windows):
                 rows[win][0] += len(prompt)
                 rows[win][1] += hit
+            loaded[win] += num_loaded
+            conv_loaded[win] += num_loaded
             run.num_turns += 1
             served += 1
             turn[c] += 1
@@ -277,8 +433,12 @@ def simulate(workload: ConversationWorkload, check_every: int = 0) -> Conversati
             events.append((t + rng.expovariate(1.0 / w.think_time_s), next(order), "turn", c))
             if check_every and served % check_every == 0:
                 manager.check()
+                if tier is not None and len(tier.order) > tier.capacity:
+                    raise AssertionError(f"the CPU tier holds {len(tier.order)} blocks > {tier.capacity}")
     finally:
         unsubscribe()
     run.windows = [(i * w.window_s, q, h) for i, (q, h) in enumerate(windows)]
     run.conversation_windows = [(i * w.window_s, q, h) for i, (q, h) in enumerate(conv_windows)]
+    run.loaded_windows = [(i * w.window_s, n) for i, n in enumerate(loaded)]
+    run.conversation_loaded_windows = [(i * w.window_s, n) for i, n in enumerate(conv_loaded)]
     return run
