@@ -119,6 +119,8 @@ _budget_settings = st.fixed_dictionaries({
                                  st.floats(min_value=0, max_value=2_000)),
     "custom_sliding_layers": st.one_of(st.just(0), st.just(0), st.integers(0, 64), st.integers(0, 1_000)),
     "custom_window": st.one_of(st.sampled_from([128, 512, 1_024, 4_096]), st.integers(1, 131_072)),
+    "custom_chunked_layers": st.one_of(st.just(0), st.just(0), st.integers(0, 64), st.integers(0, 1_000)),
+    "custom_chunk": st.one_of(st.sampled_from([1_024, 8_192]), st.integers(1, 131_072)),
     "max_num_batched_tokens": st.sampled_from([2_048, 8_192, 16_384]),
     "max_concurrent_batches": st.sampled_from([1, 2]),
     "dtype": st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
@@ -234,7 +236,15 @@ def test_budget_module_refuses_a_bad_typed_figure_in_the_librarys_words(budget_j
              ({"custom_params_b": -0.1}, "custom params (B) must be a number from 0 to 2,000"),
              ({"custom_sliding_layers": 2.5}, "custom sliding layers must be a whole number from 0 to 1,000"),
              ({"custom_window": 0}, "custom sliding window must be a whole number from 1 to 131,072"),
-             ({"custom_sliding_layers": 33}, "custom sliding layers (33) must be at most custom layers (32)")]
+             ({"custom_sliding_layers": 33}, "custom sliding layers (33) must be at most custom layers (32)"),
+             ({"custom_chunked_layers": -1}, "custom chunked layers must be a whole number from 0 to 1,000"),
+             ({"custom_chunk": 131_073}, "custom chunk size must be a whole number from 1 to 131,072"),
+             ({"custom_chunked_layers": 33}, "custom chunked layers (33) must be at most custom layers (32)"),
+             ({"custom_sliding_layers": 4, "custom_chunked_layers": 1_000},
+              "custom chunked layers (1,000) must be at most custom layers (32)"),
+             ({"custom_sliding_layers": 16, "custom_chunked_layers": 8},
+              "custom sliding layers (16) and custom chunked layers (8) cannot both be set: the custom "
+              "model has one kind of local attention beside its full-attention layers")]
     for case, message in cases:
         inputs = explorables.budget_inputs({**ref, **case}, config)
         expected = explorables.budget_figures(inputs)
@@ -248,22 +258,28 @@ def test_budget_module_refuses_a_bad_typed_figure_in_the_librarys_words(budget_j
     assert explorables.budget_figures(preset)["verdict"] == "ok"
 
 
-# ------------------------------------------------ chapter 1's budget: sliding-window hybrids
+# ------------------------------------------ chapter 1's budget: sliding-window and chunked hybrids
 
 @st.composite
-def hybrid_inputs(draw):
-    """A custom model with sliding-window layers, mostly of shapes that leave a pool and pass the
-    heads check, so the group plan gets to speak; windows on and off a block boundary."""
+def hybrid_inputs(draw, kind="sliding"):
+    """A custom model with sliding-window (``kind`` "sliding") or chunked local ("chunked") layers,
+    mostly of shapes that leave a pool and pass the heads check, so the group plan gets to speak;
+    windows and chunks on and off a block boundary (window - 1, or chunk, + in flight = k x B)."""
     layers = draw(st.integers(1, 100))
     block_size = draw(st.one_of(st.sampled_from([1, 8, 16, 32, 64, 128]), st.integers(1, 256)))
     max_model_len = draw(st.one_of(st.sampled_from(explorables.BUDGET_MAX_MODEL_LENS), st.integers(1, 2**17)))
     batched, batches = draw(st.sampled_from([2_048, 8_192, 16_384])), draw(st.sampled_from([1, 2]))
-    boundary = max(1, block_size * draw(st.integers(1, 64)) + 1 - batched * batches)  # w - 1 + in flight = k x B
-    window = draw(st.one_of(st.sampled_from([128, 512, 1_024, 4_096, boundary]), st.integers(1, max_model_len),
-                            st.integers(1, 131_072)))
+    on_boundary = block_size * draw(st.integers(1, 64)) - batched * batches
+    boundary = max(1, on_boundary + (kind == "sliding"))
+    span = draw(st.one_of(st.sampled_from([128, 512, 1_024, 4_096, 8_192, boundary]),
+                          st.integers(1, max_model_len), st.integers(1, 131_072)))
+    local = draw(st.integers(1, layers))
     return {"gpu": draw(st.sampled_from(list(budget.GPUS))), "gpu_mib": 0, "model": "custom",
-            "custom_layers": layers, "custom_sliding_layers": draw(st.integers(1, layers)),
-            "custom_window": window, "custom_kv_heads": draw(st.sampled_from([1, 2, 4, 8, 16])),
+            "custom_layers": layers, "custom_sliding_layers": local if kind == "sliding" else 0,
+            "custom_window": span if kind == "sliding" else 128,
+            "custom_chunked_layers": local if kind == "chunked" else 0,
+            "custom_chunk": span if kind == "chunked" else 8_192,
+            "custom_kv_heads": draw(st.sampled_from([1, 2, 4, 8, 16])),
             "custom_head_dim": draw(st.sampled_from([64, 128, 256])),
             "custom_params_b": draw(st.integers(0, 400).map(lambda k: k / 10)),
             "dtype": draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])),
@@ -282,6 +298,14 @@ def test_a_custom_hybrid_gets_the_librarys_groups_blocks_and_concurrency(budget_
     assert budget_js("render", expected, BUDGET_CONFIG) == explorables.render_budget(expected, BUDGET_CONFIG)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs=hybrid_inputs("chunked"))
+def test_a_custom_chunked_model_gets_the_librarys_groups_blocks_and_concurrency(budget_js, inputs):
+    expected = explorables.budget_figures(inputs)
+    assert budget_js("compute", inputs, BUDGET_CONFIG) == expected
+    assert budget_js("render", expected, BUDGET_CONFIG) == explorables.render_budget(expected, BUDGET_CONFIG)
+
+
 # Shapes from the models' config.json files (the KV-cache shape only; the weights are typed).
 # https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json
 GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
@@ -289,6 +313,21 @@ GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers"
                "layer_types": ["sliding_attention", "full_attention"] * 12,
                "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
 # https://huggingface.co/google/gemma-3-1b-it/blob/main/config.json
+# https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E-Instruct/blob/main/config.json (text_config):
+# every fourth layer global (no_rope_layers empty), the others chunked local in chunks of 8,192
+LLAMA4_SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                "torch_dtype": "bfloat16",
+                "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
+                                "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                                "attention_chunk_size": 8192, "no_rope_layers": [],
+                                "max_position_embeddings": 10485760, "vocab_size": 202048,
+                                "num_local_experts": 16}}
+
+
+def _llama4(**text):
+    return dict(LLAMA4_SCOUT, text_config={**LLAMA4_SCOUT["text_config"], **text})
+
+
 GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4,
              "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 512, "sliding_window_pattern": 6,
              "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
@@ -305,6 +344,15 @@ GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layer
     (GEMMA3_1B, "RTX 4090", 1, 32_768, 64, "fp32", 2.0, 8_192, 1),
     (dict(GPT_OSS_20B, layer_types=["sliding_attention"] * 24), "A100 SXM 40GB", 1, 131_072, 16, "bf16",
      13.0, 8_192, 2),                                                   # every layer windowed: one group
+    # Llama 4 Scout (weights as typed: 109B parameters in bf16, about 203 GiB): 36 chunked layers in
+    # three groups of 12, 12 full in one
+    (LLAMA4_SCOUT, "H100 SXM 80GB", 8, 131_072, 16, "bf16", 203.0, 8_192, 2),
+    (LLAMA4_SCOUT, "H200", 4, 16_384, 16, "bf16", 203.0, 8_192, 2),   # chunk + in flight > length
+    (LLAMA4_SCOUT, "A100 SXM 40GB", 8, 131_072, 16, "fp32", 230.0, 8_192, 2),  # refused: by groups
+    (_llama4(attention_chunk_size=8193), "L40S", 8, 65_536, 16, "fp8", 203.0, 2_048, 1),  # 1 past a block
+    (LLAMA4_SCOUT, "H200", 8, 65_536, 64, "bf16", 203.0, 2_048, 1),   # 8,192 + 2,048 = 160 blocks of 64
+    (_llama4(no_rope_layers=[1] * 48), "H100 SXM 80GB", 8, 131_072, 16, "bf16", 203.0, 8_192, 2),
+    # every layer chunked: one group
 ])
 def test_the_calculator_plans_real_hybrids_as_kv_cache_planning_does(budget_js, config, gpu, tp, max_model_len,
                                                                      block_size, dtype, weight_gib, batched,
@@ -317,7 +365,9 @@ def test_the_calculator_plans_real_hybrids_as_kv_cache_planning_does(budget_js, 
               "gpu_memory_utilization": 0.9, "max_model_len": max_model_len, "block_size": block_size,
               "custom_layers": m.num_layers, "custom_kv_heads": m.num_kv_heads, "custom_head_dim": m.head_dim,
               "custom_sliding_layers": m.layer_kinds.count("sliding_attention"),
-              "custom_window": config["sliding_window"], "max_num_batched_tokens": batched,
+              "custom_window": m.config.get("sliding_window", 128),
+              "custom_chunked_layers": m.layer_kinds.count("chunked_attention"),
+              "custom_chunk": m.config.get("attention_chunk_size", 8_192), "max_num_batched_tokens": batched,
               "max_concurrent_batches": batches}
     config_js = explorables.budget_config(weights={"custom": weight_gib})
     inputs = explorables.budget_inputs(values, config_js)
@@ -337,7 +387,7 @@ def test_the_calculator_plans_real_hybrids_as_kv_cache_planning_does(budget_js, 
         assert figures["verdict"] == "ok"
     except ValueError as exc:
         assert figures["verdict"] == "refused" and figures["message"] == str(exc)
-    assert len(plan.groups) > 1 or config["layer_types"] == ["sliding_attention"] * 24
+    assert len(plan.groups) > 1 or "full_attention" not in m.layer_kinds
 
 
 def test_the_calculator_refuses_a_window_longer_than_the_context_naming_the_layer(budget_js):
@@ -351,6 +401,24 @@ def test_the_calculator_refuses_a_window_longer_than_the_context_naming_the_laye
     assert figures["verdict"] == "invalid" and figures["message"] == (
         "layer model.layers.0.self_attn: sliding_window=8192 is larger than max_model_len=4096, "
         "so the window never slides")
+
+
+def test_the_calculator_refuses_a_chunk_longer_than_the_context_naming_the_layer(budget_js):
+    config = explorables.budget_config()
+    inputs = explorables.budget_inputs({"gpu": "H100 SXM 80GB", "model": "custom", "dtype": "bf16",
+                                        "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
+                                        "max_model_len": 4_096, "block_size": 16, "custom_chunked_layers": 24,
+                                        "custom_chunk": 8_192}, config)
+    figures = budget_js("compute", inputs, config)
+    assert figures == explorables.budget_figures(inputs)
+    assert figures["verdict"] == "invalid" and figures["message"] == (
+        "layer model.layers.0.self_attn: attention_chunk_size=8192 is larger than max_model_len=4096, "
+        "so no chunk ever ends")
+    # the library's planner says the same of Llama 4 Scout's own config
+    from pagedkv.kv_cache_planning import plan_kv_cache
+    with pytest.raises(ValueError) as exc:
+        plan_kv_cache(LLAMA4_SCOUT, 10 * budget.GiB, max_model_len=4_096)
+    assert str(exc.value) == figures["message"]
 
 
 def test_the_static_output_is_the_default_settings_figures_and_the_controls_wait_for_the_script():

@@ -4,14 +4,17 @@
    and budget.startup_log_lines redone in JavaScript, operation for operation,
    on doubles as Python computes them; the agreement test holds it to the
    library's figures (explorables.budget_figures) on hundreds of generated
-   inputs. A custom model with sliding-window layers is planned by KV-cache
-   groups as pagedkv.kv_cache_planning.plan_kv_cache plans it (groupPlan);
-   chunked local attention, Mamba state and MLA are not offered. config carries the library's tables (models, GPUs, dtype bytes), so
-   no spec is typed twice. Errors are vLLM's messages as budget.py words them.
+   inputs. A custom model with sliding-window or chunked local attention
+   layers (one local kind at a time) is planned by KV-cache groups as
+   pagedkv.kv_cache_planning.plan_kv_cache plans it (groupPlan); Mamba state
+   and MLA are not offered. config carries the library's tables (models,
+   GPUs, dtype bytes), so no spec is typed twice. Errors are vLLM's messages
+   as budget.py words them.
 
    inputs   gpu, gpu_mib (0: the GPU's own), model (or 'custom', shaped by
             custom_layers, custom_kv_heads, custom_head_dim, custom_params_b,
-            custom_sliding_layers of them with a window of custom_window),
+            custom_sliding_layers of them with a window of custom_window,
+            or custom_chunked_layers of them in chunks of custom_chunk),
             dtype, tensor_parallel_size, gpu_memory_utilization, non_kv_gib,
             max_model_len, block_size, request_len, weight_gib (null: from
             the parameter count)
@@ -53,9 +56,19 @@ pkvExplore.kinds.budget = (function (X) {
           X.int(f[3]);
       }
     }
-    if (inp.model === 'custom' && inp.custom_sliding_layers > inp.custom_layers) {
-      return 'custom sliding layers (' + X.int(inp.custom_sliding_layers) + ') must be at most ' +
-        'custom layers (' + X.int(inp.custom_layers) + ')';
+    if (inp.model !== 'custom') return null;
+    var locals = [['custom_sliding_layers', 'custom sliding layers'],
+                  ['custom_chunked_layers', 'custom chunked layers']];
+    for (var j = 0; j < locals.length; j++) {
+      if (inp[locals[j][0]] > inp.custom_layers) {
+        return locals[j][1] + ' (' + X.int(inp[locals[j][0]]) + ') must be at most ' +
+          'custom layers (' + X.int(inp.custom_layers) + ')';
+      }
+    }
+    if (inp.custom_sliding_layers && inp.custom_chunked_layers) {
+      return 'custom sliding layers (' + X.int(inp.custom_sliding_layers) + ') and custom chunked ' +
+        'layers (' + X.int(inp.custom_chunked_layers) + ') cannot both be set: the custom model ' +
+        'has one kind of local attention beside its full-attention layers';
     }
     return null;
   }
@@ -66,22 +79,33 @@ pkvExplore.kinds.budget = (function (X) {
     return {name: 'the custom model', num_layers: inp.custom_layers, num_kv_heads: inp.custom_kv_heads,
             head_dim: inp.custom_head_dim, num_params: Math.trunc(inp.custom_params_b * 1e9),
             native_context: config.custom_context, sliding: inp.custom_sliding_layers,
-            window: inp.custom_window};
+            window: inp.custom_window, chunked: inp.custom_chunked_layers, chunk: inp.custom_chunk};
   }
 
-  // The KV-cache groups of a model with `sliding` of its layers windowed
+  // The KV-cache groups of a model with `sliding` of its layers windowed or
+  // `chunked` of them in chunks, never both (refusal)
   // (kv_cache_planning.plan_kv_cache over kv_cache_spec.get_kv_cache_groups).
   // Both kinds have the same heads, so their pages are equal and unification
-  // changes nothing. Layer 0 is sliding, so the sliding kind is grouped first.
+  // changes nothing. Layer 0 is local, so the local kind is grouped first.
   // Each kind splits into cdiv(n, groupSize) groups of layers[i::k], so one
   // block id costs a page times the layers of the largest group.
   function groupPlan(m, page, bs, maxLen, inFlight) {
-    if (m.window > maxLen) {
-      throw new Refusal('layer model.layers.0.self_attn: sliding_window=' + m.window + ' is larger ' +
-                        'than max_model_len=' + maxLen + ', so the window never slides');
+    var local;
+    if (m.sliding) {
+      if (m.window > maxLen) {
+        throw new Refusal('layer model.layers.0.self_attn: sliding_window=' + m.window + ' is larger ' +
+                          'than max_model_len=' + maxLen + ', so the window never slides');
+      }
+      local = {name: 'sliding window ' + X.int(m.window), n: m.sliding, window: m.window};
+    } else {
+      if (m.chunk > maxLen) {
+        throw new Refusal('layer model.layers.0.self_attn: attention_chunk_size=' + m.chunk + ' is ' +
+                          'larger than max_model_len=' + maxLen + ', so no chunk ever ends');
+      }
+      local = {name: 'chunked local ' + X.int(m.chunk), n: m.chunked, chunk: m.chunk};
     }
-    var kinds = [{name: 'sliding window ' + X.int(m.window), n: m.sliding, window: m.window}];
-    if (m.num_layers > m.sliding) kinds.push({name: 'full attention', n: m.num_layers - m.sliding});
+    var kinds = [local];
+    if (m.num_layers > local.n) kinds.push({name: 'full attention', n: m.num_layers - local.n});
     var counts = kinds.map(function (k) { return k.n; });
     var lo = Math.min.apply(null, counts), hi = Math.max.apply(null, counts);
     var size = hi < lo * 1.5 ? hi : lo, groups = [], widest = 0;
@@ -89,14 +113,18 @@ pkvExplore.kinds.budget = (function (X) {
       var num = X.cdiv(k.n, size);
       for (var i = 0; i < num; i++) {
         var layers = X.cdiv(k.n - i, num);  // len(names[i::num])
-        groups.push({kind: k.name, layers: layers, window: k.window});
+        groups.push({kind: k.name, layers: layers, window: k.window, chunk: k.chunk});
         widest = Math.max(widest, layers);
       }
     });
     // Blocks one request of n tokens holds at most in a group: a window keeps
-    // its last window - 1 tokens plus those in flight, and one more block.
+    // its last window - 1 tokens plus those in flight, and one more block (it
+    // rarely starts on a boundary); a chunk keeps the chunk plus those in
+    // flight, with no extra block; full attention keeps all n.
     function need(g, n) {
-      return g.window === undefined ? X.cdiv(n, bs) : X.cdiv(Math.min(g.window - 1 + inFlight, n), bs) + 1;
+      if (g.window !== undefined) return X.cdiv(Math.min(g.window - 1 + inFlight, n), bs) + 1;
+      if (g.chunk !== undefined) return X.cdiv(Math.min(g.chunk + inFlight, n), bs);
+      return X.cdiv(n, bs);
     }
     return {groups: groups, page: page, perBlock: page * widest,
             blocks: function (n) { return groups.reduce(function (t, g) { return t + need(g, n); }, 0); },
@@ -119,7 +147,7 @@ pkvExplore.kinds.budget = (function (X) {
     }
     var heads = headsPerRank(m, tp);
     var page = inp.block_size * 2 * heads * m.head_dim * bytes;
-    var groups = m.sliding ? groupPlan(m, page, inp.block_size, inp.max_model_len,
+    var groups = (m.sliding || m.chunked) ? groupPlan(m, page, inp.block_size, inp.max_model_len,
                                        inp.max_concurrent_batches * inp.max_num_batched_tokens) : null;
     var perBlock = groups ? groups.perBlock : page * m.num_layers;
     var blocks = X.floorDiv(pool, perBlock);

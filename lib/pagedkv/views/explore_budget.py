@@ -5,13 +5,17 @@ The controls are a GPU, a model, the KV dtype, ``tensor_parallel_size``,
 reader types from their own server: the non-KV GiB it logged, the GPU's memory
 in MiB, a custom model's shape. The figures are :func:`pagedkv.budget.plan`'s.
 
-A custom model may have sliding-window layers beside its full-attention ones
-(gpt-oss, Gemma 3): ``custom_sliding_layers`` of its layers attend to a window
-of ``custom_window`` tokens, and the pool is planned by KV-cache groups as
-vLLM 0.33.0 plans it (:func:`pagedkv.kv_cache_planning.plan_kv_cache`, with
-``vllm serve``'s scheduler budget on an H100: 8,192 batched tokens, two
-batches in flight). Chunked local attention, linear-attention (Mamba) state
-and MLA are not offered here; ``budget.plan`` sizes them from a config.json.
+A custom model may have local-attention layers beside its full-attention
+ones: ``custom_sliding_layers`` of its layers attend to a window of
+``custom_window`` tokens (gpt-oss, Gemma 3), or ``custom_chunked_layers`` of
+them to their own chunk of ``custom_chunk`` tokens (Llama 4's chunked local
+attention, ``attention_chunk_size``). One local kind at a time: a model with
+both is refused by name, which keeps the grouping to two kinds, the local one
+first (layer 0 is local, as in those models). The pool is planned by KV-cache
+groups as vLLM 0.33.0 plans it (:func:`pagedkv.kv_cache_planning.plan_kv_cache`,
+with ``vllm serve``'s scheduler budget on an H100: 8,192 batched tokens, two
+batches in flight). Linear-attention (Mamba) state and MLA are not offered
+here; ``budget.plan`` sizes them from a config.json.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ BUDGET_FIELDS = [("non_kv_gib", "non-KV GiB", 0, 40, False),
                  ("custom_head_dim", "custom head_dim", 1, 4_096, True),
                  ("custom_params_b", "custom params (B)", 0, 2_000, False),
                  ("custom_sliding_layers", "custom sliding layers", 0, 1_000, True),
-                 ("custom_window", "custom sliding window", 1, 131_072, True)]
+                 ("custom_window", "custom sliding window", 1, 131_072, True),
+                 ("custom_chunked_layers", "custom chunked layers", 0, 1_000, True),
+                 ("custom_chunk", "custom chunk size", 1, 131_072, True)]
 CUSTOM = "custom"
 CUSTOM_CONTEXT = 131_072  # the custom model's context: the largest max_model_len offered
 BUDGET_DEFAULTS = {"non_kv_gib": 6.0, "gpu_mib": 0, "custom_layers": 32, "custom_kv_heads": 8,
                    "custom_head_dim": 128, "custom_params_b": 8.0, "custom_sliding_layers": 0,
-                   "custom_window": 128}
+                   "custom_window": 128, "custom_chunked_layers": 0, "custom_chunk": 8_192}
 # vllm serve's scheduler budget on an H100 or H200 in 0.33.0: what a sliding
-# window's group holds beyond its window (max_concurrent_batches x tokens).
+# window's or a chunk's group holds beyond its window or chunk
+# (max_concurrent_batches x tokens).
 SCHEDULER = {"max_num_batched_tokens": 8192, "max_concurrent_batches": 2}
 
 
@@ -79,19 +86,28 @@ def budget_refusal(inputs: dict) -> str | None:
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                 or not lo <= v <= hi or (whole and not float(v).is_integer())):
             return f"{label} must be a {'whole ' if whole else ''}number from {lo:,} to {hi:,}"
-    if inputs["model"] == CUSTOM and inputs["custom_sliding_layers"] > inputs["custom_layers"]:
-        return (f"custom sliding layers ({int(inputs['custom_sliding_layers']):,}) must be at most "
-                f"custom layers ({int(inputs['custom_layers']):,})")
+    if inputs["model"] != CUSTOM:
+        return None
+    layers = int(inputs["custom_layers"])
+    for name, label in (("custom_sliding_layers", "custom sliding layers"),
+                        ("custom_chunked_layers", "custom chunked layers")):
+        if inputs[name] > layers:
+            return f"{label} ({int(inputs[name]):,}) must be at most custom layers ({layers:,})"
+    if inputs["custom_sliding_layers"] and inputs["custom_chunked_layers"]:
+        return (f"custom sliding layers ({int(inputs['custom_sliding_layers']):,}) and custom chunked "
+                f"layers ({int(inputs['custom_chunked_layers']):,}) cannot both be set: the custom "
+                "model has one kind of local attention beside its full-attention layers")
     return None
 
 
-def custom_layer_kinds(layers: int, sliding: int) -> tuple[str, ...]:
+def custom_layer_kinds(layers: int, local: int, kind: str = "sliding_attention") -> tuple[str, ...]:
     """The custom model's layers, its full-attention ones spread evenly among
-    the sliding ones and layer 0 sliding, as in gpt-oss (alternating) and
-    Gemma 3 (five sliding, then one full)."""
-    full = layers - sliding
+    the ``local`` ones of ``kind`` and layer 0 local, as in gpt-oss
+    (alternating), Gemma 3 (five sliding, then one full) and Llama 4 (three
+    chunked, then one full)."""
+    full = layers - local
     return tuple("full_attention" if (i + 1) * full // layers > i * full // layers
-                 else "sliding_attention" for i in range(layers))
+                 else kind for i in range(layers))
 
 
 def budget_specs(inputs: dict) -> tuple:
@@ -105,11 +121,18 @@ def budget_specs(inputs: dict) -> tuple:
         heads, layers = int(inputs["custom_kv_heads"]), int(inputs["custom_layers"])
         shape = ("the custom model", layers, heads, heads, int(inputs["custom_head_dim"]),
                  int(inputs["custom_params_b"] * 1e9), CUSTOM_CONTEXT, CUSTOM_CONTEXT)
+        # budget_refusal has made sure at most one local kind is set
         sliding = int(inputs["custom_sliding_layers"])
-        if not sliding:
-            return gpu, budget.ModelSpec(*shape)
-        model = budget.ConfigModelSpec(*shape, layer_kinds=custom_layer_kinds(layers, sliding),
-                                       config={"sliding_window": int(inputs["custom_window"])})
+        chunked = int(inputs.get("custom_chunked_layers", 0))
+        if sliding:
+            model = budget.ConfigModelSpec(*shape, layer_kinds=custom_layer_kinds(layers, sliding),
+                                           config={"sliding_window": int(inputs["custom_window"])})
+        elif chunked:
+            model = budget.ConfigModelSpec(
+                *shape, layer_kinds=custom_layer_kinds(layers, chunked, "chunked_attention"),
+                config={"attention_chunk_size": int(inputs["custom_chunk"])})
+        else:
+            model = budget.ModelSpec(*shape)
     return gpu, model
 
 
@@ -200,7 +223,8 @@ def budget_explorer(gpu: str = "H100 SXM 80GB", model: str = budget.REFERENCE_MO
         typed["gpu_mib"],
         Control("model", "model", model, options=[*budget.MODELS, CUSTOM]),
         *(typed[n] for n in ("custom_layers", "custom_kv_heads", "custom_head_dim", "custom_params_b",
-                                             "custom_sliding_layers", "custom_window")),
+                                             "custom_sliding_layers", "custom_window",
+                                             "custom_chunked_layers", "custom_chunk")),
         Control("dtype", "KV dtype", dtype, options=["bf16", "fp16", "fp8", "fp32"]),
         Control("tensor_parallel_size", "tensor_parallel_size", tensor_parallel_size, options=[1, 2, 4, 8]),
         Control("gpu_memory_utilization", "gpu_memory_utilization", gpu_memory_utilization,
