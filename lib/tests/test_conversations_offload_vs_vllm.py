@@ -53,7 +53,6 @@ Stubbed (not exercised): the logger, the connector's stats class, the
 from __future__ import annotations
 
 import logging
-import sys
 import types
 import zipfile
 
@@ -61,7 +60,7 @@ import pytest
 
 from pagedkv.sim import conversations
 from pagedkv.sim.conversations import ConversationWorkload, simulate
-from vllm_wheel import vllm_wheel
+from vllm_wheel import exec_from_wheel, stub_modules, vllm_wheel
 
 SimTier = conversations._CPUTier  # the sim's own, before any test replaces it
 
@@ -78,14 +77,7 @@ def vllm_offload(monkeypatch) -> dict[str, types.ModuleType]:
     The modules leave ``sys.modules`` when the test ends.
     """
     wheel = vllm_wheel()
-    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, k)
-
-    def stub(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        m.__path__ = []
-        monkeypatch.setitem(sys.modules, name, m)
+    stub = stub_modules(monkeypatch, "vllm")
 
     for name in ("vllm", "vllm.utils", "vllm.v1", "vllm.v1.metrics", "vllm.v1.kv_offload",
                  "vllm.v1.kv_offload.cpu", "vllm.v1.kv_offload.cpu.policies", "vllm.distributed",
@@ -100,13 +92,8 @@ def vllm_offload(monkeypatch) -> dict[str, types.ModuleType]:
     loaded = {}
     with zipfile.ZipFile(wheel) as z:
         for short in MODULES:
-            name = f"vllm.{short}"
-            path = f"vllm/{short.replace('.', '/')}.py"
-            m = types.ModuleType(name)
-            m.__file__ = f"vllm-0.33.0/{path}"
-            monkeypatch.setitem(sys.modules, name, m)
-            exec(compile(z.read(path), m.__file__, "exec"), m.__dict__)
-            loaded[short] = m
+            loaded[short] = exec_from_wheel(monkeypatch, z, f"vllm/{short.replace('.', '/')}.py",
+                                            f"vllm.{short}", "vllm-0.33.0")
     return loaded
 
 

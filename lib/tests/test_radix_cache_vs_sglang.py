@@ -31,9 +31,7 @@ Then bad input: each refusal names the problem and changes nothing.
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import sys
 import types
 import zipfile
 from array import array
@@ -44,23 +42,9 @@ import torch
 from pagedkv.common import InvariantError
 from pagedkv.radix_cache import RadixCache, TreeNode
 from pagedkv.token_pool import TokenToKVPoolAllocator
+from vllm_wheel import exec_from_wheel, sglang_wheel, stub_modules
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MEM = "sglang/srt/mem_cache"
-
-
-def sglang_wheel():
-    """The SGLang 0.5.23 wheel from ``tools.citations``' cache, or a skip (a failure under CI)."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    from tools import citations
-
-    path = citations.find_wheel(citations.SGLANG)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the SGLang 0.5.23 wheel could not be fetched; the differential test would pass unseen")
-        pytest.skip("the SGLang 0.5.23 wheel is not cached and cannot be downloaded")
-    return path
 
 
 def load_sglang_radix_cache(wheel, monkeypatch) -> dict[str, types.ModuleType]:
@@ -68,14 +52,7 @@ def load_sglang_radix_cache(wheel, monkeypatch) -> dict[str, types.ModuleType]:
 
     ``monkeypatch`` takes every ``sglang`` module out of ``sys.modules`` again when the test ends.
     """
-    for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-        monkeypatch.delitem(sys.modules, k)
-
-    def stub(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        m.__path__ = []
-        monkeypatch.setitem(sys.modules, name, m)
+    stub = stub_modules(monkeypatch, "sglang")
 
     class NoEvents:  # KVCacheEventRecorder, switched off: every record_* does nothing
         def __init__(self, **kwargs):
@@ -98,13 +75,9 @@ def load_sglang_radix_cache(wheel, monkeypatch) -> dict[str, types.ModuleType]:
     loaded = {}
     with zipfile.ZipFile(wheel) as z:
         def load(short):
-            name = f"sglang.srt.mem_cache.{short}"
-            m = types.ModuleType(name)
-            m.__file__ = f"sglang-0.5.23/{MEM}/{short}.py"
-            monkeypatch.setitem(sys.modules, name, m)
-            exec(compile(z.read(f"{MEM}/{short}.py"), m.__file__, "exec"), m.__dict__)
-            loaded[short] = m
-            return m
+            loaded[short] = exec_from_wheel(monkeypatch, z, f"{MEM}/{short}.py",
+                                            f"sglang.srt.mem_cache.{short}", "sglang-0.5.23")
+            return loaded[short]
 
         policy = load("evict_policy")
 
